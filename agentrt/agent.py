@@ -1,0 +1,258 @@
+"""`Agent`: the RLM-style loop — stream a response, run its code blocks, feed back what they printed."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import aclosing
+from typing import Any
+
+import anyio
+
+from agentrt.engine.base import Engine, EngineError, Message, SamplingParams
+from agentrt.interpreter.kernel import Kernel, KernelLimits
+from agentrt.interpreter.ledger import SpeculationBudget
+from agentrt.interpreter.segmenter import BlockClosed, BlockOpened, CodeStream, StatementClosed
+from agentrt.tools import Tool, ToolRegistry, make_llm_tools
+
+from . import prompts
+from .results import BlockRecord, RunResult, RunStats, TurnRecord
+from .trace import Trace
+
+_FENCED = re.compile(r"^```[^\n]*\n.*?(?:^```[ \t]*$|\Z)", re.S | re.M)
+_TEXT_FINAL_VAR = re.compile(r"FINAL_VAR\(\s*['\"]?([A-Za-z_][A-Za-z_0-9]*)['\"]?\s*\)")
+_TEXT_FINAL = re.compile(r"FINAL\((.*)\)")
+
+
+class Agent:
+    """A code-writing agent: a model engine, a sandboxed REPL and a set of tools.
+
+    Each turn the model's response is streamed; every fenced ```repl / ```python block runs in
+    the sandboxed kernel as soon as it is complete; what it printed (and any error) becomes the
+    next user message. The run ends when code calls ``FINAL(answer)`` / ``FINAL_VAR("name")``
+    (or the response says ``FINAL(...)`` in prose), or after ``max_turns``.
+
+    ``sub_engine`` backs the built-in ``llm_query`` / ``llm_query_batched`` tools (default: the
+    main engine). ``speculation`` runs the shadow interpreter, which starts speculatable tool calls
+    while the code is still streaming; answers are identical either way.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        tools: Iterable[Tool | Callable[..., Any]] = (),
+        *,
+        sub_engine: Engine | None = None,
+        speculation: bool = True,
+        max_turns: int = 10,
+        system_prompt: str | None = None,
+        sampling: SamplingParams | None = None,
+        sub_sampling: SamplingParams | None = None,
+        builtin_tools: bool = True,
+        kernel_limits: KernelLimits | None = None,
+        max_observation_chars: int = 4000,
+        budget: SpeculationBudget | None = None,
+    ) -> None:
+        if max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+        self.engine = engine
+        self.sub_engine = sub_engine or engine
+        self.registry = ToolRegistry()
+        if builtin_tools:
+            for t in make_llm_tools(self.sub_engine, sub_sampling):
+                self.registry.register(t)
+        for t in tools:
+            self.registry.register(t)
+        self.speculation = speculation
+        self.max_turns = max_turns
+        self.system_prompt = system_prompt
+        self.sampling = sampling or SamplingParams(max_tokens=1024)
+        self.kernel_limits = kernel_limits or KernelLimits()
+        self.max_observation_chars = max_observation_chars
+        self.budget = budget or SpeculationBudget()
+
+    def run_sync(self, task: str, context: Any = None) -> RunResult:
+        """Blocking form of `run`."""
+        return anyio.run(self.run, task, context)
+
+    async def run(self, task: str, context: Any = None) -> RunResult:
+        """Run the agent on ``task``; ``context`` becomes the REPL variable ``context``."""
+        run = _Run(self, task, context)
+        return await run.execute()
+
+
+class _Run:
+    """State of one `Agent.run`."""
+
+    def __init__(self, agent: Agent, task: str, context: Any) -> None:
+        self.agent = agent
+        self.task = task
+        self.context = context
+        self.trace = Trace()
+        self.stats = RunStats()
+        self.turns: list[TurnRecord] = []
+        self.kernel: Kernel | None = None
+        self.answer: Any = None
+        self.finished = False
+        self._call_ids = 0
+
+    # -- tools -------------------------------------------------------------------------------
+
+    async def call_tool(self, name: str, args: tuple, kwargs: dict) -> Any:
+        """The kernel's tool handler for the authoritative run: invoke, trace, count."""
+        self._call_ids += 1
+        call_id = self._call_ids
+        self.stats.tool_calls[name] += 1
+        self.trace.emit("tool_started", call_id=call_id, tool=name, mode="sync")
+        try:
+            result = await self.agent.registry.call(name, args, kwargs)
+        except BaseException as exc:
+            self.trace.emit(
+                "tool_finished", call_id=call_id, tool=name, mode="sync",
+                error=f"{type(exc).__name__}: {exc}",
+            )
+            raise
+        self.trace.emit("tool_finished", call_id=call_id, tool=name, mode="sync", error=None)
+        return result
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    async def execute(self) -> RunResult:
+        agent = self.agent
+        self.trace.emit("run_started", task=self.task)
+        status, error = "max_turns", None
+        try:
+            async with Kernel(
+                self.call_tool, self.agent.registry.names(), limits=agent.kernel_limits,
+                signatures=[t.signature_line() for t in agent.registry],
+            ) as kernel:
+                self.kernel = kernel
+                await kernel.set_variable("context", self.context)
+                messages = self._initial_messages()
+                for index in range(agent.max_turns):
+                    turn = await self._turn(index, messages)
+                    if self.finished:
+                        status = "final"
+                        break
+                    messages.append({"role": "assistant", "content": turn.response})
+                    messages.append({"role": "user", "content": turn.observation})
+        except EngineError as exc:
+            status, error = "error", f"{type(exc).__name__}: {exc}"
+            self.trace.emit("run_error", error=error)
+        wall = self.trace.now()
+        self.trace.emit("run_finished", status=status, answer=repr(self.answer)[:200])
+        return RunResult(
+            answer=self.answer, status=status, turns=self.turns, stats=self.stats,
+            wall_s=wall, trace=self.trace, error=error,
+        )
+
+    def _initial_messages(self) -> list[Message]:
+        lines = self.agent.registry.render_signatures()
+        system = prompts.system_prompt(lines, self.context, self.agent.system_prompt)
+        return [{"role": "system", "content": system}, {"role": "user", "content": self.task}]
+
+    async def _turn(self, index: int, messages: Sequence[Message]) -> TurnRecord:
+        turn = TurnRecord(index=index, started_s=self.trace.now())
+        self.turns.append(turn)
+        self.trace.emit("turn_started", turn=index)
+        send, receive = anyio.create_memory_object_stream[BlockClosed](math.inf)
+        segmenter = CodeStream()
+        text: list[str] = []
+        stream_error: EngineError | None = None
+
+        async def run_blocks() -> None:
+            async with receive:
+                async for block in receive:
+                    if not self.finished:
+                        await self._run_block(turn, block)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(run_blocks)
+            with send:
+                try:
+                    stream = self.agent.engine.stream(messages, self.agent.sampling)
+                    async with aclosing(stream) as deltas:
+                        async for delta in deltas:
+                            if delta.text:
+                                text.append(delta.text)
+                                self.trace.emit(
+                                    "delta", turn=index, chars=len(delta.text), text=delta.text
+                                )
+                                self._segment(turn, segmenter.feed(delta.text), send)
+                            if delta.finish_reason is not None:
+                                turn.finish_reason = delta.finish_reason
+                            if delta.usage is not None:
+                                turn.completion_tokens = delta.usage.completion_tokens
+                            if self.finished:
+                                turn.finish_reason = "final"
+                                break
+                    self._segment(turn, segmenter.finish(), send)
+                except EngineError as exc:
+                    stream_error = exc
+        turn.response = "".join(text)
+        if stream_error is not None:
+            turn.finished_s = self.trace.now()
+            raise stream_error
+        if not self.finished:
+            await self._final_from_prose(turn)
+        turn.observation = prompts.observation(
+            [(b.stdout, b.error) for b in turn.blocks], self.agent.max_observation_chars
+        )
+        for block in turn.blocks:
+            self.agent.engine.remember(block.code)
+        turn.finished_s = self.trace.now()
+        self.trace.emit(
+            "turn_finished", turn=index, finish_reason=turn.finish_reason,
+            completion_tokens=turn.completion_tokens,
+        )
+        return turn
+
+    def _segment(self, turn: TurnRecord, events: list, send) -> None:
+        for ev in events:
+            if isinstance(ev, BlockOpened):
+                self.trace.emit("block_opened", turn=turn.index, block=ev.index)
+            elif isinstance(ev, StatementClosed):
+                self.trace.emit(
+                    "statement_closed", turn=turn.index, block=ev.block_index,
+                    stmt=ev.stmt_index, lineno=ev.lineno,
+                )
+            elif isinstance(ev, BlockClosed):
+                self.trace.emit(
+                    "block_closed", turn=turn.index, block=ev.block_index, chars=len(ev.code),
+                    unterminated=ev.unterminated,
+                )
+                send.send_nowait(ev)
+
+    async def _run_block(self, turn: TurnRecord, block: BlockClosed) -> None:
+        assert self.kernel is not None
+        record = BlockRecord(code=block.code, started_s=self.trace.now())
+        turn.blocks.append(record)
+        self.trace.emit("exec_started", turn=turn.index, block=block.block_index)
+        result = await self.kernel.execute(block.code)
+        record.stdout, record.error = result.stdout, result.error
+        record.finished_s = self.trace.now()
+        if result.final is not None:
+            self.answer = result.final.value
+            self.finished = True
+        self.trace.emit(
+            "exec_finished", turn=turn.index, block=block.block_index, error=result.error,
+            final=result.final is not None,
+        )
+
+    async def _final_from_prose(self, turn: TurnRecord) -> None:
+        """Honour ``FINAL(...)`` / ``FINAL_VAR(name)`` written as text outside code blocks."""
+        prose = _FENCED.sub("", turn.response)
+        match = _TEXT_FINAL_VAR.search(prose)
+        if match:
+            assert self.kernel is not None
+            try:
+                self.answer = await self.kernel.get_variable(match.group(1))
+            except (KeyError, NameError):
+                return
+            self.finished = True
+            return
+        match = _TEXT_FINAL.search(prose)
+        if match:
+            self.answer = match.group(1).strip()
+            self.finished = True

@@ -1,0 +1,139 @@
+"""The ``agentrt`` command line: run a task, manage models, run the demo and benchmarks."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from . import __version__
+from .engines import ENGINE_KINDS, EngineOptions, make_engine, parse_spec_config
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options that select a backend (shared with the benchmark runner)."""
+    parser.add_argument("--engine", choices=ENGINE_KINDS, default="native")
+    parser.add_argument("--model", default="smollm2-135m",
+                        help="a pulled model name or a local Hugging Face model directory")
+    parser.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"))
+    parser.add_argument("--base-url", help="for --engine openai: the server's /v1 URL")
+    parser.add_argument("--spec-config", help="speculative decoding settings as a JSON object")
+    parser.add_argument("--replay-file", help="for --engine replay: JSON list of responses")
+    parser.add_argument("--tokens-per-second", type=float, default=50.0,
+                        help="for --engine replay: streaming rate")
+
+
+def engine_options(args: argparse.Namespace) -> EngineOptions:
+    return EngineOptions(
+        kind=args.engine, model=args.model, dtype=args.dtype, base_url=args.base_url,
+        spec_config=parse_spec_config(args.spec_config), replay_file=args.replay_file,
+        tokens_per_second=args.tokens_per_second,
+    )
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from .agent import Agent
+
+    context = None
+    if args.context_file:
+        text = Path(args.context_file).read_text()
+        context = json.loads(text) if args.context_file.endswith(".json") else text
+    engine = make_engine(engine_options(args))
+    agent = Agent(engine, speculation=not args.no_speculation, max_turns=args.max_turns)
+    result = agent.run_sync(args.task, context)
+    for turn in result.turns:
+        print(f"--- turn {turn.index + 1} ---\n{turn.response}")
+        if turn.observation:
+            print(f"--- observation ---\n{turn.observation}")
+    print(f"status: {result.status}  wall: {result.wall_s:.2f}s")
+    if result.error:
+        print(f"error: {result.error}")
+    print(f"answer: {result.answer!r}")
+    if args.trace:
+        result.trace.save(args.trace)
+        print(f"trace written to {args.trace}")
+    return 0 if result.ok else 1
+
+
+def _cmd_models(args: argparse.Namespace) -> int:
+    from agentrt.engine import models
+
+    if args.models_cmd == "pull":
+        paths = models.pull(args.name, dtypes=tuple(args.dtype), progress=True)
+        for dtype, path in paths.items():
+            print(f"{args.name} [{dtype}]: {path}")
+        return 0
+    rows = models.list_models()
+    if not rows:
+        print("no models pulled yet; run `agentrt models pull smollm2-135m`")
+    for info in rows:
+        state = "ok" if info.ok else "CORRUPT"
+        print(f"{info.name:20} {info.dtype:5} {info.size / 1e6:8.1f} MB  {state}  {info.path}")
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import main as demo_main
+
+    return demo_main(args)
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    try:
+        from benchmarks.run import main as bench_main
+    except ImportError:
+        print("the benchmarks live in the source repository: run this from a clone of agentrt",
+              file=sys.stderr)
+        return 2
+    return bench_main(args.rest)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="agentrt", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"agentrt {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run an agent on a task")
+    run.add_argument("task")
+    run.add_argument("--context-file", help="file whose text (or JSON, for .json) is `context`")
+    run.add_argument("--max-turns", type=int, default=10)
+    run.add_argument("--no-speculation", action="store_true",
+                     help="run tool calls only when their block is complete")
+    run.add_argument("--trace", help="write the run's trace JSON here")
+    add_engine_arguments(run)
+    run.set_defaults(func=_cmd_run)
+
+    models = sub.add_parser("models", help="pull and list local models")
+    msub = models.add_subparsers(dest="models_cmd", required=True)
+    pull = msub.add_parser("pull", help="fetch and convert a model into the local cache")
+    pull.add_argument("name", nargs="?", default="smollm2-135m")
+    pull.add_argument("--dtype", action="append", choices=("bf16", "fp32"),
+                      help="repeatable; default both")
+    msub.add_parser("list", help="list pulled models")
+    models.set_defaults(func=_cmd_models)
+
+    demo = sub.add_parser("demo", help="end-to-end demo on the native engine and SmolLM2")
+    demo.add_argument("--no-speculation", action="store_true")
+    demo.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"))
+    demo.set_defaults(func=_cmd_demo)
+
+    bench = sub.add_parser("bench", help="benchmarks (same as python -m benchmarks.run)")
+    bench.add_argument("rest", nargs=argparse.REMAINDER)
+    bench.set_defaults(func=_cmd_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if getattr(args, "models_cmd", None) == "pull" and not args.dtype:
+        args.dtype = ["bf16", "fp32"]
+    try:
+        return args.func(args)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"agentrt: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

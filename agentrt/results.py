@@ -1,0 +1,103 @@
+"""What a run returns: `RunResult`, its per-turn records and statistics."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from .trace import Trace
+
+RunStatus = Literal["final", "max_turns", "error"]
+
+
+@dataclass
+class BlockRecord:
+    """One executed code block."""
+
+    code: str
+    stdout: str = ""
+    error: str | None = None
+    started_s: float = 0.0
+    finished_s: float = 0.0
+
+
+@dataclass
+class TurnRecord:
+    """One model response and what its code did."""
+
+    index: int
+    response: str = ""
+    blocks: list[BlockRecord] = field(default_factory=list)
+    observation: str = ""
+    finish_reason: str | None = None
+    completion_tokens: int = 0
+    started_s: float = 0.0
+    finished_s: float = 0.0
+
+    @property
+    def code(self) -> str:
+        return "\n\n".join(b.code for b in self.blocks)
+
+    @property
+    def output(self) -> str:
+        return "".join(b.stdout for b in self.blocks)
+
+    @property
+    def error(self) -> str | None:
+        errors = [b.error for b in self.blocks if b.error]
+        return errors[-1] if errors else None
+
+
+@dataclass
+class RunStats:
+    """Counters of one run. The speculation counters stay 0 with speculation off."""
+
+    tool_calls: Counter = field(default_factory=Counter)
+    """Tool invocations per tool name (early and authoritative alike)."""
+    launched: int = 0
+    """Early (speculative) tool calls started."""
+    hits: int = 0
+    """Authoritative calls served by an early call."""
+    misses: int = 0
+    """Authoritative calls of speculatable tools that found no early call."""
+    wasted: int = 0
+    """Early calls that were never claimed."""
+    retracted: int = 0
+    """Early calls cancelled because a newer view of the code no longer justified them."""
+    hidden_s: float = 0.0
+    """Tool time that ran before the authoritative run asked for it."""
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["tool_calls"] = dict(self.tool_calls)
+        return d
+
+
+@dataclass
+class RunResult:
+    """The outcome of `Agent.run`."""
+
+    answer: Any
+    status: RunStatus
+    turns: list[TurnRecord]
+    stats: RunStats
+    wall_s: float
+    trace: Trace
+    error: str | None = None
+    """Why the run stopped, when ``status == "error"``."""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "final"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "answer": self.answer,
+            "status": self.status,
+            "error": self.error,
+            "wall_s": self.wall_s,
+            "stats": self.stats.to_dict(),
+            "turns": [asdict(t) for t in self.turns],
+            "trace": self.trace.to_dict(),
+        }

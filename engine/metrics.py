@@ -1,0 +1,101 @@
+"""Speculative-decoding metrics, per generation and aggregated per engine.
+
+Names follow the usual conventions: a *verify step* is one target forward that checks a draft
+(or, with speculation off, produces one token). Each step yields the accepted draft tokens plus
+one token from the target (a correction, or the bonus token when the whole draft was accepted),
+so the mean acceptance length is ``tau = (accepted_tokens + verify_steps) / verify_steps``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class SpecMetrics:
+    generated_tokens: int = 0
+    verify_steps: int = 0
+    drafts: int = 0
+    """Verify steps that checked a non-empty draft."""
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+    """``accepted_per_position[i]``: drafts whose token ``i`` was accepted."""
+    drafted_per_position: list[int] = field(default_factory=list)
+    """``drafted_per_position[i]``: drafts that had a token ``i``."""
+    wall_s: float = 0.0
+    prefill_s: float = 0.0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    sample_s: float = 0.0
+    lossy: bool = False
+    """True when a relaxed (inexact) acceptance rule was used."""
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens produced per verify step (accepted + the target's own token)."""
+        if self.verify_steps == 0:
+            return 0.0
+        return (self.accepted_tokens + self.verify_steps) / self.verify_steps
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        decode_s = self.wall_s - self.prefill_s
+        return self.generated_tokens / decode_s if decode_s > 0 else 0.0
+
+    @property
+    def position_acceptance(self) -> list[float]:
+        """Acceptance rate of draft position i, given the draft reached position i."""
+        return [
+            a / d if d else 0.0
+            for a, d in zip(self.accepted_per_position, self.drafted_per_position)
+        ]
+
+    def record_step(self, drafted: int, accepted: int) -> None:
+        """Account one verify step that checked ``drafted`` tokens and accepted ``accepted``."""
+        self.verify_steps += 1
+        if drafted:
+            self.drafts += 1
+            self.draft_tokens += drafted
+            self.accepted_tokens += accepted
+            _grow(self.drafted_per_position, drafted)
+            _grow(self.accepted_per_position, drafted)
+            for i in range(drafted):
+                self.drafted_per_position[i] += 1
+            for i in range(accepted):
+                self.accepted_per_position[i] += 1
+
+    def merge(self, other: "SpecMetrics") -> None:
+        """Add ``other`` into this one (for per-engine aggregates)."""
+        for name in (
+            "generated_tokens", "verify_steps", "drafts", "draft_tokens", "accepted_tokens",
+            "wall_s", "prefill_s", "draft_s", "verify_s", "sample_s",
+        ):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for mine, theirs in (
+            (self.accepted_per_position, other.accepted_per_position),
+            (self.drafted_per_position, other.drafted_per_position),
+        ):
+            _grow(mine, len(theirs))
+            for i, v in enumerate(theirs):
+                mine[i] += v
+        self.lossy = self.lossy or other.lossy
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.update(
+            tau=self.tau,
+            acceptance_rate=self.acceptance_rate,
+            tokens_per_s=self.tokens_per_s,
+            position_acceptance=self.position_acceptance,
+        )
+        return d
+
+
+def _grow(values: list[int], size: int) -> None:
+    if len(values) < size:
+        values.extend([0] * (size - len(values)))
