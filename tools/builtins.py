@@ -1,0 +1,66 @@
+"""Built-in speculatable tools: the RLM convention ``llm_query`` / ``llm_query_batched``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+
+from agentrt.engine.base import Engine, SamplingParams, complete
+
+from .tool import Tool
+
+
+def make_llm_tools(
+    engine: Engine,
+    params: SamplingParams | None = None,
+    max_concurrency: int | None = None,
+) -> list[Tool]:
+    """Return ``[llm_query, llm_query_batched]`` backed by ``engine``.
+
+    Each prompt is sent as one user message and answered with ``params``. ``max_concurrency``
+    bounds the generations these two tools run at once, together (a batch counts one per prompt).
+    Both tools are marked ``speculate=True``: asking the model a question has no side effects.
+    """
+    limiter: anyio.CapacityLimiter | None = None
+
+    async def ask(prompt: str) -> str:
+        nonlocal limiter
+        if max_concurrency is not None and limiter is None:
+            limiter = anyio.CapacityLimiter(max_concurrency)
+        messages = [{"role": "user", "content": prompt}]
+        if limiter is None:
+            return (await complete(engine, messages, params)).text
+        async with limiter:
+            return (await complete(engine, messages, params)).text
+
+    async def llm_query(prompt: str) -> str:
+        """Ask the language model one question; return its reply."""
+        return await ask(prompt)
+
+    async def llm_query_batched(prompts: list[str]) -> list[str]:
+        """Ask the language model several independent questions at once; replies come back in
+        the order of the prompts."""
+        replies: list[Any] = [None] * len(prompts)
+
+        async def answer(index: int, prompt: str) -> None:
+            replies[index] = await ask(prompt)
+
+        try:
+            async with anyio.create_task_group() as group:
+                for index, prompt in enumerate(prompts):
+                    group.start_soon(answer, index, prompt)
+        except BaseExceptionGroup as failures:
+            raise _first_leaf(failures) from None
+        return replies
+
+    return [
+        Tool(llm_query, speculate=True, max_concurrency=max_concurrency),
+        Tool(llm_query_batched, speculate=True),
+    ]
+
+
+def _first_leaf(group: BaseExceptionGroup) -> BaseException:
+    """The first exception of a task group's failure (a failing prompt cancels its siblings)."""
+    first = group.exceptions[0]
+    return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first
