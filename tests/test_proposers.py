@@ -1,0 +1,233 @@
+"""Proposers: n-gram prompt lookup and the suffix-automaton drafter."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import pytest
+
+from agentrt.engine.proposers import Draft, NgramProposer, Proposer, ProposerState, SuffixProposer
+from agentrt.engine.proposers.suffix import SuffixAutomaton
+
+PROPOSERS = [NgramProposer, SuffixProposer]
+
+
+def fresh(n: int, start: int = 10_000) -> list[int]:
+    """``n`` distinct tokens never used elsewhere in a test."""
+    return list(range(start, start + n))
+
+
+@pytest.mark.parametrize("make", PROPOSERS)
+def test_satisfies_the_protocols(make):
+    proposer = make()
+    state = proposer.begin([1, 2, 3])
+    assert isinstance(proposer, Proposer) and isinstance(proposer.name, str)
+    assert isinstance(state, ProposerState)
+    assert isinstance(state.propose(3), Draft)
+
+
+@pytest.mark.parametrize("make", PROPOSERS)
+def test_continues_a_repeated_span(make):
+    span = [5, 6, 7, 8, 9, 10, 11]
+    state = make().begin([1, 2, *span, 3, 4, 5, 6])
+    assert state.propose(4).tokens == [7, 8, 9, 10]
+    state.extend([7, 8])
+    assert state.propose(3).tokens == [9, 10, 11]
+
+
+@pytest.mark.parametrize("make", PROPOSERS)
+def test_prefers_the_longest_then_most_recent_match(make):
+    # "2" alone was last followed by 50, but the longer suffixes "1 2" / "9 1 2" last led to 40.
+    prompt = [1, 2, 30, 9, 1, 2, 40, 9, 7, 2, 50, 9, 1, 2]
+    assert make().begin(prompt).propose(2).tokens == [40, 9]
+
+
+@pytest.mark.parametrize("make", PROPOSERS)
+def test_learns_from_accepted_output(make):
+    state = make().begin(fresh(20))
+    assert state.propose(3).tokens == []
+    state.extend([1, 2, 3, 4, 5, 1, 2])
+    assert state.propose(3).tokens == [3, 4, 5]
+
+
+@pytest.mark.parametrize("make", PROPOSERS)
+def test_repetition_runs_on_past_the_end(make):
+    state = make().begin([7, 8, 7, 8, 7])
+    assert state.propose(5).tokens == [8, 7, 8, 7, 8]
+
+
+@pytest.mark.parametrize("make", PROPOSERS)
+def test_empty_when_nothing_matches(make):
+    state = make().begin(fresh(50))
+    assert state.propose(5) == Draft([])
+    assert make().begin([]).propose(5).tokens == []
+    assert make().begin([1, 1, 1]).propose(0).tokens == []
+
+
+@pytest.mark.parametrize("make", PROPOSERS)
+def test_proposals_never_exceed_k(make):
+    rng = random.Random(0)
+    state = make().begin([rng.randrange(4) for _ in range(300)])
+    for step in range(200):
+        k = step % 8
+        draft = state.propose(k)
+        assert len(draft.tokens) <= k and draft.probs is None
+        state.extend(draft.tokens[: rng.randrange(len(draft.tokens) + 1)] + [rng.randrange(4)])
+
+
+def test_ngram_respects_min_n():
+    assert NgramProposer(min_n=2).begin([1, 2, 3, 9, 3]).propose(2).tokens == []
+    assert NgramProposer(min_n=1).begin([1, 2, 3, 9, 3]).propose(2).tokens == [9, 3]
+    with pytest.raises(ValueError):
+        NgramProposer(min_n=3, max_n=2)
+
+
+def test_suffix_proposes_from_an_earlier_requests_output():
+    proposer = SuffixProposer()
+    first = proposer.begin(fresh(30))
+    output = [1, 2, 3, 4, 5, 6, 7, 8]
+    first.extend(output)
+    first.end()
+    assert proposer.corpus_tokens == len(output)  # the output, not the prompt
+
+    second = proposer.begin(fresh(30, start=20_000) + [1, 2, 3])
+    assert second.propose(4).tokens == [4, 5, 6, 7]
+    assert NgramProposer().begin(fresh(30, start=20_000) + [1, 2, 3]).propose(4).tokens == []
+
+
+def test_suffix_proposes_from_remembered_text_and_sees_it_mid_request():
+    proposer = SuffixProposer()
+    state = proposer.begin(fresh(10) + [41, 42])
+    assert state.propose(3).tokens == []
+    proposer.remember([40, 41, 42, 43, 44, 45])
+    assert state.propose(3).tokens == [43, 44, 45]
+    state.extend([43, 44])
+    assert state.propose(3).tokens == [45]  # stops at the end of that document
+
+
+def test_suffix_never_proposes_across_documents():
+    proposer = SuffixProposer()
+    proposer.remember([1, 2, 3])
+    proposer.remember([4, 5, 6])
+    assert proposer.begin(fresh(5) + [2, 3]).propose(4).tokens == []
+
+
+def test_suffix_longer_corpus_match_beats_shorter_own_match():
+    proposer = SuffixProposer()
+    proposer.remember([60, 61, 62, 63, 64])
+    # own text: "62" followed by 99 once; corpus: "61 62" followed by 63.
+    state = proposer.begin([62, 99, 5, 61, 62])
+    assert state.propose(2).tokens == [63, 64]
+
+
+def test_suffix_corpus_is_bounded_and_evicts_oldest():
+    proposer = SuffixProposer(max_corpus_tokens=100)
+    old, middle, new = fresh(60, 1000), fresh(30, 2000), fresh(60, 3000)
+    proposer.remember(old)
+    proposer.remember(middle)
+    assert proposer.corpus_tokens == 90
+    proposer.remember(new)
+    assert proposer.corpus_tokens <= 100
+    assert proposer.begin(old[:3]).propose(2).tokens == []  # evicted
+    assert proposer.begin(new[:3]).propose(2).tokens == new[3:5]
+
+    for i in range(50):  # memory stays bounded however much is added
+        proposer.remember(fresh(40, 10_000 + 100 * i))
+        assert proposer.corpus_tokens <= 100
+    assert proposer.corpus.automaton.num_states <= 2 * (100 + 50)
+    huge = fresh(500, 50_000)
+    proposer.remember(huge)  # a document bigger than the cap keeps its most recent part
+    assert proposer.corpus_tokens == 100
+    assert proposer.begin(huge[-10:-7]).propose(2).tokens == huge[-7:-5]
+
+
+def test_suffix_end_is_idempotent():
+    proposer = SuffixProposer()
+    state = proposer.begin([1])
+    state.extend([2, 3])
+    state.end()
+    state.end()
+    assert proposer.corpus_tokens == 2
+
+
+def brute_force_latest(seq: list[int], length: int, before: int) -> int | None:
+    """Latest end e < before at which the last ``length`` tokens of seq also occur."""
+    suffix = seq[len(seq) - length :]
+    for end in range(before - 1, length - 2, -1):
+        if seq[end - length + 1 : end + 1] == suffix:
+            return end
+    return None
+
+
+@pytest.mark.parametrize("max_depth", [1, 3, 8])
+def test_suffix_automaton_matches_brute_force(max_depth):
+    rng = random.Random(max_depth)
+    for _ in range(60):
+        alphabet = rng.choice([1, 2, 3, 5])
+        if rng.random() < 0.3:  # periodic text stresses long suffix-link chains
+            period = [rng.randrange(alphabet) for _ in range(rng.randint(1, 5))]
+            seq = [period[i % len(period)] for i in range(rng.randint(1, 80))]
+        else:
+            seq = [rng.randrange(alphabet) for _ in range(rng.randint(1, 80))]
+        automaton = SuffixAutomaton(max_depth)
+        for i, token in enumerate(seq):
+            end, length = automaton.append(token)
+            prefix = seq[: i + 1]
+            longest = 0
+            while longest < i and brute_force_latest(prefix, longest + 1, i) is not None:
+                longest += 1
+            if longest == 0:
+                assert (end, length) == (-1, 0)
+                continue
+            assert min(longest, max_depth) <= length <= longest
+            assert end == brute_force_latest(prefix, length, i)
+
+
+def test_suffix_automaton_walk_matches_brute_force():
+    rng = random.Random(1)
+    for _ in range(60):
+        depth = rng.choice([2, 4, 16])
+        text = [rng.randrange(3) for _ in range(rng.randint(1, 60))]
+        automaton = SuffixAutomaton(depth)
+        for token in text:
+            automaton.append(token)
+        query = [rng.randrange(3) for _ in range(20)]
+        state, matched = 0, 0
+        for j, token in enumerate(query):
+            state, matched = automaton.step(state, matched, token)
+            end, length = automaton.lookup(state, matched)
+            longest = 0
+            while longest <= j and any(
+                text[e - longest : e + 1] == query[j - longest : j + 1] for e in range(longest, len(text))
+            ):
+                longest += 1
+            assert matched == longest
+            if longest:
+                suffix = query[j + 1 - length : j + 1]
+                ends = [e for e in range(length - 1, len(text)) if text[e - length + 1 : e + 1] == suffix]
+                assert end == max(ends)
+
+
+@pytest.mark.parametrize("make", PROPOSERS)
+def test_proposing_on_a_20k_token_context_is_fast(make):
+    rng = random.Random(2)
+    snippets = [[rng.randrange(5000) for _ in range(rng.randint(5, 40))] for _ in range(100)]
+    context: list[int] = []
+    while len(context) < 20_000:
+        context += rng.choice(snippets)
+    state = make().begin(context[:20_000])
+    calls, drafted, propose_s = 1000, 0, 0.0
+    start = time.perf_counter()
+    for _ in range(calls):
+        before = time.perf_counter()
+        draft = state.propose(5)
+        propose_s += time.perf_counter() - before
+        drafted += len(draft.tokens)
+        state.extend(draft.tokens[:2] or [rng.randrange(5000)])
+    step_us = (time.perf_counter() - start) / calls * 1e6
+    propose_us = propose_s / calls * 1e6
+    print(f"\n{make.__name__} on a 20k-token context: propose {propose_us:.1f} us, "
+          f"propose+extend {step_us:.1f} us per call")
+    assert drafted > 0
+    assert propose_us < 5000  # coarse sanity bound only; the target is well under 1 ms
