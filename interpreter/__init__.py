@@ -1,0 +1,42 @@
+"""Sandboxed execution of model-written code: the kernel (worker processes) and the sandbox.
+
+Exports are loaded lazily so that the worker process, which imports this package, does
+not pull in the runtime side (anyio).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "Kernel": "kernel",
+    "KernelProcess": "kernel",
+    "KernelLimits": "kernel",
+    "CellResult": "kernel",
+    "FinalAnswer": "kernel",
+    "VariableSummary": "kernel",
+    "KernelError": "kernel",
+    "KernelProcessDied": "kernel",
+    "ToolHandler": "kernel",
+    "Sandbox": "sandbox",
+    "ToolError": "sandbox",
+    "ALLOWED_MODULES": "sandbox",
+    "ToolChannel": "worker",
+    "blocking_proxy": "worker",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module_name = _EXPORTS.get(name)
+    if module_name is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module_name}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -1,0 +1,461 @@
+"""The sandbox worker process: ``python -m agentrt.interpreter.worker <socket path>``.
+
+The runtime starts one *root* process. Every process connects to the runtime's Unix socket
+with its own connection and introduces itself with ``hello`` (see protocol.py).
+
+* **root** never runs model code. It is a child subreaper (Linux), so processes orphaned
+  by fork-per-cell are reparented to it and reaped; it reports every exit it reaps, and on
+  ``spawn`` forks a fresh *holder* with an empty namespace.
+* **holder** holds a namespace and never runs model code itself when asked to ``exec`` with
+  ``fork``: it forks a **cell** child that runs the cell under ``RLIMIT_CPU``, replies, and
+  then becomes the holder (the runtime tells the old one to exit). If the child dies, the
+  old holder still has the namespace as it was: the cell is rolled back.
+* **fork** children (``fork`` command) are copy-on-write snapshots that serve the same
+  commands; they may run cells in place (``exec`` without ``fork``).
+
+Tool calls: each tool is a proxy callable built by a *proxy factory*
+(``factory(name, signature, channel) -> callable``); the default one blocks on
+:meth:`ToolChannel.call`. ``set_proxy`` swaps the factory (e.g. for lazy proxies), and
+``extend`` runs a hook ``hook(sandbox, channel)`` in the process (to add builtins, adapt
+guards or replace ``sandbox.compiler``). Both are given as ``"package.module:function"``
+and are inherited by later forks. Processes must stay single-threaded: they fork.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import os
+import random
+import resource
+import select
+import signal
+import sys
+import time
+import traceback
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+from .protocol import (
+    TOKEN_ENV,
+    FramedSocket,
+    FrameTooLargeError,
+    NotPlainDataError,
+    safe_exception_class,
+    to_plain,
+)
+from .sandbox import Sandbox, ToolError
+
+EXIT_START_FAILED = 70
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """Settings a worker receives in ``init`` and passes on to every process it forks."""
+
+    socket_path: str
+    memory_mb: int
+    max_output_chars: int
+    recursion_limit: int
+    tools: tuple[tuple[str, str], ...]
+
+
+ProxyFactory = Callable[[str, str, "ToolChannel"], Callable[..., Any]]
+
+
+class ToolChannel:
+    """Tool calls from sandboxed code to the runtime, over this process's connection."""
+
+    def __init__(self, process: _Process) -> None:
+        self._process = process
+        self._next_call = 0
+
+    def start_call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+        """Send a tool call without waiting; returns its call id (see :meth:`wait`)."""
+        try:
+            plain_args, plain_kwargs = to_plain(tuple(args)), to_plain(dict(kwargs))
+        except NotPlainDataError as exc:
+            raise TypeError(f"tool {name!r}: arguments must be plain data: {exc}") from None
+        self._next_call += 1
+        try:
+            self._process.send({"op": "call", "call": self._next_call, "name": name,
+                                "args": plain_args, "kwargs": plain_kwargs})
+        except FrameTooLargeError as exc:
+            raise ValueError(f"tool {name!r}: arguments are too large ({exc})") from None
+        return self._next_call
+
+    def wait(self, call_id: int) -> Any:
+        """Block until call ``call_id`` finishes; return its value or raise its error."""
+        outcome = self._process.wait_tool_outcome(call_id)
+        if outcome["op"] == "tool_result":
+            return outcome.get("value")
+        message = str(outcome.get("message", ""))
+        exception_class = safe_exception_class(outcome.get("type"))
+        if exception_class is not None:
+            raise exception_class(message)
+        raise ToolError(f"{outcome.get('original_type', 'Error')}: {message}")
+
+    def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Run a tool call and wait for it."""
+        return self.wait(self.start_call(name, args, kwargs))
+
+
+def blocking_proxy(name: str, signature: str, channel: ToolChannel) -> Callable[..., Any]:
+    """The default proxy factory: calling the proxy blocks until the tool returns."""
+
+    def call_tool(*args: Any, **kwargs: Any) -> Any:
+        return channel.call(name, args, kwargs)
+
+    call_tool.__name__ = call_tool.__qualname__ = name
+    call_tool.__doc__ = signature
+    return call_tool
+
+
+def load_callable(path: str) -> Callable[..., Any]:
+    """Import a callable given as ``"package.module:function"``."""
+    module_name, _, attribute = path.partition(":")
+    if not module_name or not attribute:
+        raise ValueError(f"expected 'package.module:function', got {path!r}")
+    value = getattr(importlib.import_module(module_name), attribute)
+    if not callable(value):
+        raise TypeError(f"{path} is not callable")
+    return value
+
+
+def _ignore_signal(signum: int, frame: Any) -> None:
+    """SIGCHLD handler: its only job is to wake ``select`` through the wakeup fd."""
+
+
+class _Process:
+    """Shared loop of the root and holder processes: serve commands, reap children."""
+
+    role = "process"
+
+    def __init__(self, config: WorkerConfig, link: FramedSocket) -> None:
+        self._config = config
+        self._link = link
+        self._backlog: deque[dict[str, Any]] = deque()
+        self._tool_outcomes: dict[int, dict[str, Any]] = {}
+        self._wakeup: tuple[int, int] | None = None
+        self._open_child_watch()
+
+    # -- connection ------------------------------------------------------------
+    def send(self, message: dict[str, Any]) -> None:
+        """Send a message; exit quietly if the runtime has gone away."""
+        try:
+            self._link.send(message)
+        except FrameTooLargeError:
+            raise
+        except OSError:
+            os._exit(0)
+
+    def _receive(self) -> dict[str, Any]:
+        try:
+            return self._link.recv()
+        except (EOFError, OSError):
+            os._exit(0)
+
+    def wait_tool_outcome(self, call_id: int) -> dict[str, Any]:
+        """Read frames until call ``call_id`` has an outcome; keep other frames for later."""
+        while call_id not in self._tool_outcomes:
+            message = self._receive()
+            if message.get("op") in ("tool_result", "tool_error"):
+                self._tool_outcomes[message.get("call")] = message
+            else:
+                self._backlog.append(message)
+        return self._tool_outcomes.pop(call_id)
+
+    def reply(self, request_id: Any, value: Any = None) -> None:
+        """Answer request ``request_id`` with ``value`` (an error reply if it is too large)."""
+        try:
+            self.send({"op": "reply", "id": request_id, "ok": True, "value": value})
+        except FrameTooLargeError as exc:
+            self.reply_error(request_id, "OverflowError",
+                             f"the result is too large to return: {exc}")
+
+    def reply_error(self, request_id: Any, error_type: str, message: str) -> None:
+        """Answer request ``request_id`` with an error."""
+        self.send({"op": "reply", "id": request_id, "ok": False, "error_type": error_type,
+                   "message": message[:10_000]})
+
+    # -- loop ----------------------------------------------------------------------
+    def serve(self) -> NoReturn:
+        """Serve commands until told to exit or the runtime disconnects."""
+        while True:
+            if self._backlog:
+                self._dispatch(self._backlog.popleft())
+                continue
+            readable, _, _ = select.select([self._link.fileno(), self._wakeup[0]], [], [])
+            if self._wakeup[0] in readable:
+                self._drain_wakeup()
+                self._reap_children()
+            if self._link.fileno() in readable:
+                self._dispatch(self._receive())
+
+    def _dispatch(self, message: dict[str, Any]) -> None:
+        op = message.get("op")
+        handler = getattr(self, f"_on_{op}", None) if isinstance(op, str) else None
+        request_id = message.get("id")
+        if handler is None:
+            if request_id is not None:
+                self.reply_error(request_id, "ValueError", f"{self.role} cannot handle {op!r}")
+            return
+        try:
+            handler(message)
+        except Exception as exc:
+            if request_id is not None:
+                self.reply_error(request_id, type(exc).__name__, str(exc))
+
+    def _on_ping(self, message: dict[str, Any]) -> None:
+        self.reply(message["id"], os.getpid())
+
+    def _on_exit(self, message: dict[str, Any]) -> None:
+        os._exit(0)
+
+    # -- children --------------------------------------------------------------
+    def _open_child_watch(self) -> None:
+        read_end, write_end = os.pipe()
+        os.set_blocking(read_end, False)
+        os.set_blocking(write_end, False)
+        self._wakeup = (read_end, write_end)
+        signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+        signal.signal(signal.SIGCHLD, _ignore_signal)
+
+    def _close_child_watch(self) -> None:
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        if self._wakeup is not None:
+            for fd in self._wakeup:
+                os.close(fd)
+            self._wakeup = None
+
+    def _drain_wakeup(self) -> None:
+        try:
+            while os.read(self._wakeup[0], 512):
+                pass
+        except BlockingIOError:
+            pass
+
+    def _reap_children(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            code = os.waitstatus_to_exitcode(status)
+            self.send({"op": "child_exit", "pid": pid,
+                       "code": code if code >= 0 else None,
+                       "signal": -code if code < 0 else None})
+
+    def _fork(self, token: str, role: str,
+              prepare: Callable[[], None] | None = None) -> int | None:
+        """Fork a child that connects with ``token``; returns the pid in the parent, None in
+        the child (which then has its own connection and no child watch). ``prepare`` runs
+        in the child before it says hello."""
+        random_state = random.getstate()  # os.fork reseeds the global Random in the child
+        pid = os.fork()
+        if pid:
+            self.send({"op": "forked", "token": token, "pid": pid})
+            return pid
+        try:
+            random.setstate(random_state)
+            self._close_child_watch()
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            self._link.close()
+            self._backlog.clear()
+            self._tool_outcomes.clear()
+            if prepare is not None:
+                prepare()
+            self._link = FramedSocket.connect(self._config.socket_path)
+            self._link.send({"op": "hello", "pid": os.getpid(), "role": role, "token": token})
+        except BaseException:
+            traceback.print_exc()
+            os._exit(EXIT_START_FAILED)
+        return None
+
+
+class _Root(_Process):
+    """The process the runtime starts: reaps orphans and spawns namespace holders."""
+
+    role = "root"
+
+    def _on_spawn(self, message: dict[str, Any]) -> None:
+        prepared: list[Sandbox] = []
+        pid = self._fork(message["token"], "holder",
+                         lambda: prepared.append(_new_sandbox(self._config)))
+        if pid is not None:
+            self.reply(message["id"], pid)
+            return
+        try:
+            holder = _Holder(self._config, self._link, prepared[0])
+        except BaseException:
+            traceback.print_exc()
+            os._exit(EXIT_START_FAILED)
+        holder.serve()
+
+    def _on_exit(self, message: dict[str, Any]) -> None:
+        """Reap whatever children are left (the runtime killed them), then exit."""
+        deadline = time.monotonic() + 2.0
+        confirmed_empty = False
+        while time.monotonic() < deadline:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                if confirmed_empty:
+                    break
+                confirmed_empty = True  # look once more: orphans may still be on their way
+                time.sleep(0.05)
+                continue
+            confirmed_empty = False
+            if pid == 0:
+                time.sleep(0.01)
+        os._exit(0)
+
+
+class _Holder(_Process):
+    """A process holding a sandbox namespace."""
+
+    role = "holder"
+
+    def __init__(self, config: WorkerConfig, link: FramedSocket, sandbox: Sandbox) -> None:
+        super().__init__(config, link)
+        self._sandbox = sandbox
+        self._channel = ToolChannel(self)
+        self._install_tools(blocking_proxy)
+
+    def _install_tools(self, factory: ProxyFactory) -> None:
+        for name, signature in self._config.tools:
+            self._sandbox.install_tool(name, signature, factory(name, signature, self._channel))
+
+    # -- commands ----------------------------------------------------------------
+    def _on_exec(self, message: dict[str, Any]) -> None:
+        if message.get("fork"):
+            if self._fork(message["token"], "cell") is not None:
+                return
+            try:
+                self._run_cell(message)
+            finally:
+                self._open_child_watch()  # this process now holds the namespace
+            return
+        self._run_cell(message)
+
+    def _run_cell(self, message: dict[str, Any]) -> None:
+        code, name = message.get("code"), message.get("name", "cell")
+        if not isinstance(code, str) or not isinstance(name, str):
+            self.reply_error(message["id"], "TypeError", "exec needs str code and name")
+            return
+        _limit_cpu(message.get("cpu_s"))
+        try:
+            outcome = self._sandbox.execute(code, name)
+        finally:
+            _unlimit_cpu()
+        self.reply(message["id"], outcome.to_message())
+
+    def _on_fork(self, message: dict[str, Any]) -> None:
+        pid = self._fork(message["token"], "fork")
+        if pid is not None:
+            self.reply(message["id"], pid)
+            return
+        self._open_child_watch()
+
+    def _on_set_var(self, message: dict[str, Any]) -> None:
+        self._sandbox.set_variable(message["name"], message["value"])
+        self.reply(message["id"])
+
+    def _on_get_var(self, message: dict[str, Any]) -> None:
+        self.reply(message["id"], self._sandbox.get_variable(message["name"]))
+
+    def _on_summary(self, message: dict[str, Any]) -> None:
+        self.reply(message["id"], self._sandbox.summary())
+
+    def _on_set_proxy(self, message: dict[str, Any]) -> None:
+        self._install_tools(load_callable(message["factory"]))
+        self.reply(message["id"])
+
+    def _on_extend(self, message: dict[str, Any]) -> None:
+        load_callable(message["hook"])(self._sandbox, self._channel)
+        self.reply(message["id"])
+
+
+def _new_sandbox(config: WorkerConfig) -> Sandbox:
+    """Apply the namespace process's limits and create its empty sandbox."""
+    _limit_memory(config.memory_mb)
+    sys.setrecursionlimit(config.recursion_limit)
+    return Sandbox(max_output_chars=config.max_output_chars)
+
+
+def _limit_memory(memory_mb: int | None) -> None:
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    if not memory_mb:
+        return
+    limit = int(memory_mb) * 1024 * 1024
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def _limit_cpu(seconds: Any) -> None:
+    """Let this process use ``seconds`` more CPU time (whole seconds), then SIGXCPU."""
+    if not isinstance(seconds, (int, float)) or seconds <= 0:
+        return
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    soft = math.ceil(usage.ru_utime + usage.ru_stime + seconds)
+    _, hard = resource.getrlimit(resource.RLIMIT_CPU)
+    if hard != resource.RLIM_INFINITY:
+        soft = min(soft, hard)
+    resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
+
+
+def _unlimit_cpu() -> None:
+    _, hard = resource.getrlimit(resource.RLIMIT_CPU)
+    resource.setrlimit(resource.RLIMIT_CPU, (hard, hard))
+
+
+def _become_subreaper() -> None:
+    """Make orphaned descendants ours to reap (Linux only; elsewhere init reaps them)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the root worker process."""
+    argv = sys.argv if argv is None else argv
+    if len(argv) != 2:
+        sys.exit("usage: python -m agentrt.interpreter.worker <socket path>")
+    token = os.environ.pop(TOKEN_ENV, "")
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the runtime SIGTERMs the whole group
+    _become_subreaper()
+    link = FramedSocket.connect(argv[1])
+    link.send({"op": "hello", "pid": os.getpid(), "role": "root", "token": token})
+    init = link.recv()
+    if init.get("op") != "init":
+        sys.exit(f"expected init, got {init.get('op')!r}")
+    limits = init["limits"]
+    config = WorkerConfig(
+        socket_path=argv[1],
+        memory_mb=int(limits["memory_mb"]),
+        max_output_chars=int(limits["max_output_chars"]),
+        recursion_limit=int(limits["recursion_limit"]),
+        tools=tuple((str(name), str(signature)) for name, signature in init["tools"]),
+    )
+    _Root(config, link).serve()
+
+
+if __name__ == "__main__":
+    # Run the canonical module's main, so that imported factories see the same classes.
+    from agentrt.interpreter.worker import main as _main
+
+    _main()
