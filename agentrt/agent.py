@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 from collections.abc import Callable, Iterable, Sequence
@@ -11,14 +12,15 @@ from typing import Any
 import anyio
 
 from agentrt.engine.base import Engine, EngineError, Message, SamplingParams
-from agentrt.interpreter.kernel import Kernel, KernelLimits
+from agentrt.interpreter.kernel import Kernel, KernelError, KernelLimits
 from agentrt.interpreter.ledger import SpeculationBudget
 from agentrt.interpreter.segmenter import BlockClosed, BlockOpened, CodeStream, StatementClosed
 from agentrt.tools import Tool, ToolRegistry, make_llm_tools
 
 from . import prompts
+from .speculation import Speculator
 from .results import BlockRecord, RunResult, RunStats, TurnRecord
-from .trace import Trace
+from .trace import Event, Trace
 
 _FENCED = re.compile(r"^```[^\n]*\n.*?(?:^```[ \t]*$|\Z)", re.S | re.M)
 _TEXT_FINAL_VAR = re.compile(r"FINAL_VAR\(\s*['\"]?([A-Za-z_][A-Za-z_0-9]*)['\"]?\s*\)")
@@ -35,7 +37,8 @@ class Agent:
 
     ``sub_engine`` backs the built-in ``llm_query`` / ``llm_query_batched`` tools (default: the
     main engine). ``speculation`` runs the shadow interpreter, which starts speculatable tool calls
-    while the code is still streaming; answers are identical either way.
+    while the code is still streaming; answers are identical either way. ``budget`` bounds those
+    early calls. ``on_event`` sees every trace event as it happens (for live displays).
     """
 
     def __init__(
@@ -53,6 +56,7 @@ class Agent:
         kernel_limits: KernelLimits | None = None,
         max_observation_chars: int = 4000,
         budget: SpeculationBudget | None = None,
+        on_event: Callable[[Event], None] | None = None,
     ) -> None:
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
@@ -71,6 +75,7 @@ class Agent:
         self.kernel_limits = kernel_limits or KernelLimits()
         self.max_observation_chars = max_observation_chars
         self.budget = budget or SpeculationBudget()
+        self.on_event = on_event
 
     def run_sync(self, task: str, context: Any = None) -> RunResult:
         """Blocking form of `run`."""
@@ -89,22 +94,30 @@ class _Run:
         self.agent = agent
         self.task = task
         self.context = context
-        self.trace = Trace()
+        self.trace = Trace(agent.on_event)
         self.stats = RunStats()
         self.turns: list[TurnRecord] = []
         self.kernel: Kernel | None = None
         self.answer: Any = None
         self.finished = False
+        self.spec: Speculator | None = None
         self._call_ids = 0
+        self._current_block: tuple[int, int] = (0, 0)
 
     # -- tools -------------------------------------------------------------------------------
 
-    async def call_tool(self, name: str, args: tuple, kwargs: dict) -> Any:
-        """The kernel's tool handler for the authoritative run: invoke, trace, count."""
+    async def call_tool(self, name: str, args: tuple, kwargs: dict, line: int | None = None) -> Any:
+        """The kernel's tool handler for the authoritative run: claim or invoke, trace, count."""
+        if self.spec is not None:
+            hit, value = await self.spec.claim(name, args, kwargs)
+            if hit:
+                return value
         self._call_ids += 1
         call_id = self._call_ids
         self.stats.tool_calls[name] += 1
-        self.trace.emit("tool_started", call_id=call_id, tool=name, mode="sync")
+        turn, block = self._current_block
+        self.trace.emit("tool_started", call_id=call_id, tool=name, mode="sync", turn=turn,
+                        block=block, lineno=line)
         try:
             result = await self.agent.registry.call(name, args, kwargs)
         except BaseException as exc:
@@ -122,12 +135,18 @@ class _Run:
         agent = self.agent
         self.trace.emit("run_started", task=self.task)
         status, error = "max_turns", None
+        end: float | None = None
         try:
-            async with Kernel(
-                self.call_tool, self.agent.registry.names(), limits=agent.kernel_limits,
-                signatures=[t.signature_line() for t in agent.registry],
-            ) as kernel:
+            signatures = {t.name: t.signature_line() for t in agent.registry}
+            async with contextlib.AsyncExitStack() as stack:
+                kernel = await stack.enter_async_context(
+                    Kernel(self.call_tool, signatures, limits=agent.kernel_limits)
+                )
                 self.kernel = kernel
+                if agent.speculation:
+                    self.spec = await stack.enter_async_context(
+                        Speculator(kernel, agent.registry, agent.budget, self.trace, self.stats)
+                    )
                 await kernel.set_variable("context", self.context)
                 messages = self._initial_messages()
                 for index in range(agent.max_turns):
@@ -137,10 +156,11 @@ class _Run:
                         break
                     messages.append({"role": "assistant", "content": turn.response})
                     messages.append({"role": "user", "content": turn.observation})
-        except EngineError as exc:
+                end = self.trace.now()  # the answer is known; closing the sandbox is not waited on
+        except (EngineError, KernelError) as exc:
             status, error = "error", f"{type(exc).__name__}: {exc}"
             self.trace.emit("run_error", error=error)
-        wall = self.trace.now()
+        wall = self.trace.now() if end is None else end
         self.trace.emit("run_finished", status=status, answer=repr(self.answer)[:200])
         return RunResult(
             answer=self.answer, status=status, turns=self.turns, stats=self.stats,
@@ -160,6 +180,9 @@ class _Run:
         segmenter = CodeStream()
         text: list[str] = []
         stream_error: EngineError | None = None
+        closed: list[str] = []
+        if self.spec is not None:
+            self.spec.start_turn(index)
 
         async def run_blocks() -> None:
             async with receive:
@@ -179,7 +202,12 @@ class _Run:
                                 self.trace.emit(
                                     "delta", turn=index, chars=len(delta.text), text=delta.text
                                 )
-                                self._segment(turn, segmenter.feed(delta.text), send)
+                                self._segment(turn, segmenter.feed(delta.text), send, closed)
+                                if self.spec is not None and "\n" in delta.text:
+                                    self.spec.code_changed(
+                                        closed,
+                                        segmenter.current_block_code if segmenter.in_block else None,
+                                    )
                             if delta.finish_reason is not None:
                                 turn.finish_reason = delta.finish_reason
                             if delta.usage is not None:
@@ -187,9 +215,11 @@ class _Run:
                             if self.finished:
                                 turn.finish_reason = "final"
                                 break
-                    self._segment(turn, segmenter.finish(), send)
+                    self._segment(turn, segmenter.finish(), send, closed)
                 except EngineError as exc:
                     stream_error = exc
+        if self.spec is not None:
+            await self.spec.end_turn()
         turn.response = "".join(text)
         if stream_error is not None:
             turn.finished_s = self.trace.now()
@@ -208,7 +238,7 @@ class _Run:
         )
         return turn
 
-    def _segment(self, turn: TurnRecord, events: list, send) -> None:
+    def _segment(self, turn: TurnRecord, events: list, send, closed: list[str]) -> None:
         for ev in events:
             if isinstance(ev, BlockOpened):
                 self.trace.emit("block_opened", turn=turn.index, block=ev.index)
@@ -222,14 +252,20 @@ class _Run:
                     "block_closed", turn=turn.index, block=ev.block_index, chars=len(ev.code),
                     unterminated=ev.unterminated,
                 )
+                closed.append(ev.code)
                 send.send_nowait(ev)
+                if self.spec is not None:
+                    self.spec.code_changed(closed, None)
 
     async def _run_block(self, turn: TurnRecord, block: BlockClosed) -> None:
         assert self.kernel is not None
         record = BlockRecord(code=block.code, started_s=self.trace.now())
         turn.blocks.append(record)
         self.trace.emit("exec_started", turn=turn.index, block=block.block_index)
+        self._current_block = (turn.index, block.block_index)
         result = await self.kernel.execute(block.code)
+        if self.spec is not None:
+            self.spec.block_executed(block.block_index)
         record.stdout, record.error = result.stdout, result.error
         record.finished_s = self.trace.now()
         if result.final is not None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,11 +32,15 @@ class Event:
 
 
 class Trace:
-    """An append-only list of `Event`, timed from the trace's creation."""
+    """An append-only list of `Event`, timed from the trace's creation.
 
-    def __init__(self) -> None:
+    ``listener``, if given, is called with every event as it is emitted (live displays).
+    """
+
+    def __init__(self, listener: Callable[[Event], None] | None = None) -> None:
         self._t0 = time.monotonic()
         self.events: list[Event] = []
+        self.listener = listener
 
     def now(self) -> float:
         return time.monotonic() - self._t0
@@ -43,6 +48,8 @@ class Trace:
     def emit(self, kind: str, **data: Any) -> Event:
         event = Event(self.now(), kind, data)
         self.events.append(event)
+        if self.listener is not None:
+            self.listener(event)
         return event
 
     def of(self, *kinds: str) -> list[Event]:

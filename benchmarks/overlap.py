@@ -120,7 +120,8 @@ def overlap_limit(spec_trace: Trace | None, seq_trace: Trace) -> float:
     by_turn: dict[int, list[_Call]] = defaultdict(list)
     for c in calls:
         by_turn[c.turn].append(c)
-    t_start = 0.0
+    first_turn = seq_trace.of("turn_started")
+    t_start = first_turn[0].t if first_turn else 0.0  # start-up is the same in every mode
     for turn in sorted(turns):
         info = turns[turn]
         block_done: dict[int, float] = {}

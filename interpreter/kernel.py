@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import inspect
 import keyword
 import logging
 import os
@@ -56,6 +57,9 @@ logger = logging.getLogger(__name__)
 
 ToolHandler = Callable[[str, tuple[Any, ...], dict[str, Any]], Awaitable[Any]]
 """``async handler(tool_name, args, kwargs) -> result`` (result must be plain data)."""
+
+SHADOW_MESSAGES = frozenset({"launch", "shadow_done"})
+"""Unsolicited messages a forked process may send; they go to ``Kernel.on_message``."""
 
 HELLO_TIMEOUT_S = 10.0
 EXIT_REPORT_WAIT_S = 2.0
@@ -282,6 +286,15 @@ class KernelProcess:
         """Whether the process holding this namespace is running."""
         return self._proc.alive
 
+    @property
+    def token(self) -> str:
+        """The identity of this handle's process in `Kernel.on_message` callbacks."""
+        return self._proc.token
+
+    async def post(self, message: dict[str, Any]) -> None:
+        """Send a one-way message (no reply expected) to the process."""
+        await self._require_alive().send(message)
+
     async def execute(self, code: str, *, name: str = "cell", commit: bool = False) -> CellResult:
         """Run ``code`` in this namespace and return what it printed, raised and answered."""
         async with self._lock:
@@ -379,6 +392,9 @@ class Kernel:
         self._root: _Proc | None = None
         self._root_process: anyio.abc.Process | None = None
         self._main: KernelProcess | None = None
+        self.on_message: Callable[[str, dict[str, Any]], None] | None = None
+        """Receives ``(process token, message)`` for the shadow messages of forked processes."""
+        self._handler_takes_line = "line" in inspect.signature(tool_handler).parameters
 
     # -- lifecycle --------------------------------------------------------------
     async def __aenter__(self) -> Kernel:
@@ -503,6 +519,17 @@ class Kernel:
             await self._ensure_main()
             return await self._main.fork()
 
+    async def fork_holder(self) -> KernelProcess:
+        """Fork the process holding the namespace *now*, without waiting for a running cell.
+
+        While a cell runs, the holder still has the namespace as it was before the cell, so
+        the fork sees that state. Raises `KernelProcessDied` if the holder is being replaced.
+        """
+        self._check_running()
+        if self._main is None:
+            raise KernelProcessDied("the kernel has no namespace holder")
+        return await self._fork(self._main._require_alive())
+
     async def set_proxy_factory(self, factory: str) -> None:
         """Rebuild the namespace's tool proxies with another factory (kept across restarts)."""
         await self._setup("set_proxy_factory", factory)
@@ -593,7 +620,9 @@ class Kernel:
                     or type(args) not in (list, tuple) or type(kwargs) is not dict \
                     or not all(type(k) is str for k in kwargs):
                 raise ProtocolError("malformed tool call")
-            self._group.start_soon(self._run_tool_call, proc, call_id, name, tuple(args), kwargs)
+            line = message.get("line")
+            self._group.start_soon(self._run_tool_call, proc, call_id, name, tuple(args), kwargs,
+                                   line if type(line) is int else None)
         elif op == "forked":
             child = self._procs.get(message.get("token"))  # type: ignore[arg-type]
             pid = message.get("pid")
@@ -610,18 +639,24 @@ class Kernel:
                 if target.stream is None:
                     target.mark_dead()
                 self._forget_if_finished(target)
-        else:
+        elif op in SHADOW_MESSAGES and proc.role == "fork" and self.on_message is not None:
+            self.on_message(proc.token, message)
+        elif op not in SHADOW_MESSAGES:
             raise ProtocolError(f"unknown message {op!r}")
 
     async def _run_tool_call(self, proc: _Proc, call_id: int, name: str,
-                             args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+                             args: tuple[Any, ...], kwargs: dict[str, Any],
+                             line: int | None = None) -> None:
         reply: dict[str, Any] | None = None
         with anyio.CancelScope() as scope:
             proc.tool_scopes.add(scope)
             try:
                 if name not in self._tools:
                     raise LookupError(f"unknown tool {name!r}")
-                value = await self._tool_handler(name, args, kwargs)
+                if self._handler_takes_line:
+                    value = await self._tool_handler(name, args, kwargs, line=line)
+                else:
+                    value = await self._tool_handler(name, args, kwargs)
                 reply = {"op": "tool_result", "call": call_id,
                          "value": _plain_tool_value(name, value)}
             except Exception as exc:

@@ -270,6 +270,8 @@ def _deadline(timeout: float | None) -> float | None:
 
 
 def _wait_call(node: _CallNode, deadline: float | None) -> None:
+    if not _is_nonblocking():
+        node.table.forced.add(node.call_id)
     if node.state == PENDING:
         if _is_nonblocking():
             raise _WouldBlock(node.label())
@@ -749,6 +751,9 @@ class LazyTable:
         self._lock = threading.Lock()
         self._calls: dict[CallId, _CallNode] = {}
         self._listeners: list[Listener] = []
+        self.forced: set[CallId] = set()
+        """Calls whose values the program needed (forced outside a receiver thread): the
+        control and data dependencies of whatever it launches next."""
 
     # -- creating and settling calls ---------------------------------------------------------
     def new_call(self, call_id: CallId) -> Lazy:

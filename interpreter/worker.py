@@ -82,7 +82,8 @@ class ToolChannel:
         self._next_call += 1
         try:
             self._process.send({"op": "call", "call": self._next_call, "name": name,
-                                "args": plain_args, "kwargs": plain_kwargs})
+                                "args": plain_args, "kwargs": plain_kwargs,
+                                "line": _cell_line()})
         except FrameTooLargeError as exc:
             raise ValueError(f"tool {name!r}: arguments are too large ({exc})") from None
         return self._next_call
@@ -101,6 +102,16 @@ class ToolChannel:
     def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Run a tool call and wait for it."""
         return self.wait(self.start_call(name, args, kwargs))
+
+
+def _cell_line() -> int | None:
+    """The line of the running cell that made the current tool call."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<cell"):
+            return frame.f_lineno
+        frame = frame.f_back
+    return None
 
 
 def blocking_proxy(name: str, signature: str, channel: ToolChannel) -> Callable[..., Any]:
@@ -373,6 +384,13 @@ class _Holder(_Process):
     def _on_summary(self, message: dict[str, Any]) -> None:
         self.reply(message["id"], self._sandbox.summary())
 
+    def _on_shadow(self, message: dict[str, Any]) -> None:
+        """Become a shadow run (see shadow_worker.py); never returns."""
+        from .shadow_worker import run_shadow
+
+        _limit_cpu(message.get("cpu_s"))
+        run_shadow(self, message)
+
     def _on_set_proxy(self, message: dict[str, Any]) -> None:
         self._install_tools(load_callable(message["factory"]))
         self.reply(message["id"])
@@ -386,6 +404,8 @@ def _new_sandbox(config: WorkerConfig) -> Sandbox:
     """Apply the namespace process's limits and create its empty sandbox."""
     _limit_memory(config.memory_mb)
     sys.setrecursionlimit(config.recursion_limit)
+    from . import shadow_worker  # noqa: F401  (loaded here once, so shadow forks start at once)
+
     return Sandbox(max_output_chars=config.max_output_chars)
 
 

@@ -1,0 +1,1 @@
+"""agentrt benchmarks: run them with ``python -m benchmarks.run <suite>`` from the repository."""
