@@ -39,6 +39,7 @@ class Agent:
     main engine). ``speculation`` runs the shadow interpreter, which starts speculatable tool calls
     while the code is still streaming; answers are identical either way. ``budget`` bounds those
     early calls. ``on_event`` sees every trace event as it happens (for live displays).
+    ``capture_namespace`` records the REPL's final variables in ``RunResult.namespace``.
     """
 
     def __init__(
@@ -57,6 +58,7 @@ class Agent:
         max_observation_chars: int = 4000,
         budget: SpeculationBudget | None = None,
         on_event: Callable[[Event], None] | None = None,
+        capture_namespace: bool = False,
     ) -> None:
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
@@ -76,6 +78,7 @@ class Agent:
         self.max_observation_chars = max_observation_chars
         self.budget = budget or SpeculationBudget()
         self.on_event = on_event
+        self.capture_namespace = capture_namespace
 
     def run_sync(self, task: str, context: Any = None) -> RunResult:
         """Blocking form of `run`."""
@@ -136,6 +139,7 @@ class _Run:
         self.trace.emit("run_started", task=self.task)
         status, error = "max_turns", None
         end: float | None = None
+        namespace: dict[str, str] | None = None
         try:
             signatures = {t.name: t.signature_line() for t in agent.registry}
             async with contextlib.AsyncExitStack() as stack:
@@ -157,6 +161,9 @@ class _Run:
                     messages.append({"role": "assistant", "content": turn.response})
                     messages.append({"role": "user", "content": turn.observation})
                 end = self.trace.now()  # the answer is known; closing the sandbox is not waited on
+                if agent.capture_namespace:
+                    summary = await kernel.namespace_summary()
+                    namespace = {k: f"{v.type_name}: {v.repr}" for k, v in summary.items()}
         except (EngineError, KernelError) as exc:
             status, error = "error", f"{type(exc).__name__}: {exc}"
             self.trace.emit("run_error", error=error)
@@ -164,7 +171,7 @@ class _Run:
         self.trace.emit("run_finished", status=status, answer=repr(self.answer)[:200])
         return RunResult(
             answer=self.answer, status=status, turns=self.turns, stats=self.stats,
-            wall_s=wall, trace=self.trace, error=error,
+            wall_s=wall, trace=self.trace, error=error, namespace=namespace,
         )
 
     def _initial_messages(self) -> list[Message]:

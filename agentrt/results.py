@@ -86,6 +86,8 @@ class RunResult:
     trace: Trace
     error: str | None = None
     """Why the run stopped, when ``status == "error"``."""
+    namespace: dict[str, str] | None = None
+    """The REPL's final variables (``"type: repr"``), with ``Agent(capture_namespace=True)``."""
 
     @property
     def ok(self) -> bool:
@@ -97,6 +99,7 @@ class RunResult:
             "status": self.status,
             "error": self.error,
             "wall_s": self.wall_s,
+            "namespace": self.namespace,
             "stats": self.stats.to_dict(),
             "turns": [asdict(t) for t in self.turns],
             "trace": self.trace.to_dict(),

@@ -50,6 +50,7 @@ class _Shadow:
     first_block: int
     local: dict[Any, EarlyCall] = field(default_factory=dict)
     occurrences: Counter = field(default_factory=Counter)
+    launched: int = 0
     done: bool = False
 
     def block_of(self, lineno: int | None) -> tuple[int, int | None]:
@@ -100,7 +101,7 @@ class Speculator:
         await self._kill_shadow()
         self._tg.cancel_scope.cancel()
         await self._tg.__aexit__(None, None, None)
-        return await self.ledger.__aexit__(*exc)
+        return await self.ledger.__aexit__(None, None, None)
 
     # -- what the agent loop reports -------------------------------------------------------------
 
@@ -274,9 +275,10 @@ class Speculator:
                         and c.state != "cancelled"]
                 if n <= len(same):
                     call = same[n - 1]
-                else:
+                elif shadow.launched < self.ledger.budget.max_per_shadow:
                     call = self.ledger.launch(name, key, args, kwargs, tag=(self._turn, block))
                     if call is not None:
+                        shadow.launched += 1
                         self.stats.launched += 1
                         deps = sorted({shadow.local[d].id for d in message.get("deps") or ()
                                        if d in shadow.local})

@@ -31,6 +31,8 @@ class SpeculationBudget:
     """Early calls launched in one turn; past it, launches are refused."""
     max_arg_bytes_in_flight: int = 4_000_000
     """Total pickled size of the arguments of the early calls running at once."""
+    max_per_shadow: int = 64
+    """New early calls one shadow run may launch (a runaway loop in a half-written block)."""
 
 
 @dataclass
@@ -95,7 +97,8 @@ class Ledger:
         assert self._tg is not None
         self.cancel_where(lambda c: True)
         self._tg.cancel_scope.cancel()  # claimed calls still running: the run is over
-        return await self._tg.__aexit__(*exc)
+        await self._tg.__aexit__(None, None, None)
+        return None  # an exception from the body propagates as it is
 
     # -- launching -----------------------------------------------------------------------
 
