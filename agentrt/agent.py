@@ -35,7 +35,8 @@ class Agent:
     next user message. The run ends when code calls ``FINAL(answer)`` / ``FINAL_VAR("name")``
     (or the response says ``FINAL(...)`` in prose), or after ``max_turns``.
 
-    ``sub_engine`` backs the built-in ``llm_query`` / ``llm_query_batched`` tools (default: the
+    ``examples`` are chat messages (few-shot turns) placed between the system prompt and the
+    task. ``sub_engine`` backs the built-in ``llm_query`` / ``llm_query_batched`` tools (default: the
     main engine). ``speculation`` runs the shadow interpreter, which starts speculatable tool calls
     while the code is still streaming; answers are identical either way. ``budget`` bounds those
     early calls. ``on_event`` sees every trace event as it happens (for live displays).
@@ -51,6 +52,7 @@ class Agent:
         speculation: bool = True,
         max_turns: int = 10,
         system_prompt: str | None = None,
+        examples: Sequence[Message] = (),
         sampling: SamplingParams | None = None,
         sub_sampling: SamplingParams | None = None,
         builtin_tools: bool = True,
@@ -73,6 +75,7 @@ class Agent:
         self.speculation = speculation
         self.max_turns = max_turns
         self.system_prompt = system_prompt
+        self.examples = list(examples)
         self.sampling = sampling or SamplingParams(max_tokens=1024)
         self.kernel_limits = kernel_limits or KernelLimits()
         self.max_observation_chars = max_observation_chars
@@ -177,7 +180,11 @@ class _Run:
     def _initial_messages(self) -> list[Message]:
         lines = self.agent.registry.render_signatures()
         system = prompts.system_prompt(lines, self.context, self.agent.system_prompt)
-        return [{"role": "system", "content": system}, {"role": "user", "content": self.task}]
+        return [
+            {"role": "system", "content": system},
+            *self.agent.examples,
+            {"role": "user", "content": self.task},
+        ]
 
     async def _turn(self, index: int, messages: Sequence[Message]) -> TurnRecord:
         turn = TurnRecord(index=index, started_s=self.trace.now())

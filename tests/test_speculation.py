@@ -219,7 +219,8 @@ def test_equivalence_property(responses, seed):
 
 
 @pytest.mark.slow
-@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@pytest.mark.timeout(1800)
+@settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
 @given(program(), st.integers(0, 10_000))
 def test_equivalence_property_long(responses, seed):
     seq, spec = run_both(responses, seed)
