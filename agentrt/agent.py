@@ -107,6 +107,8 @@ class _Run:
         self.answer: Any = None
         self.finished = False
         self.spec: Speculator | None = None
+        self.stopped_s: float | None = None
+        """When the run stopped on an error (tearing the sandbox down is not counted)."""
         self._call_ids = 0
         self._current_block: tuple[int, int] = (0, 0)
 
@@ -168,6 +170,7 @@ class _Run:
                     summary = await kernel.namespace_summary()
                     namespace = {k: f"{v.type_name}: {v.repr}" for k, v in summary.items()}
         except (EngineError, KernelError) as exc:
+            end = self.stopped_s
             status, error = "error", f"{type(exc).__name__}: {exc}"
             self.trace.emit("run_error", error=error)
         wall = self.trace.now() if end is None else end
@@ -232,6 +235,7 @@ class _Run:
                     self._segment(turn, segmenter.finish(), send, closed)
                 except EngineError as exc:
                     stream_error = exc
+                    self.stopped_s = self.trace.now()
         if self.spec is not None:
             await self.spec.end_turn()
         turn.response = "".join(text)

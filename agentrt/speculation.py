@@ -224,7 +224,7 @@ class Speculator:
         executed_before = self._executed
         handle = await self.kernel.fork_holder()
         if self._executed != executed_before:  # a block committed while we forked
-            await handle.kill()
+            await handle.kill(wait=False)
             self._shadowed_code = ""
             self._dirty.set()
             return
@@ -240,7 +240,7 @@ class Speculator:
         if shadow is not None:
             self._by_token.pop(shadow.handle.token, None)
             with contextlib.suppress(Exception):
-                await shadow.handle.kill()
+                await shadow.handle.kill(wait=False)
 
     def _on_message(self, token: str, message: dict[str, Any]) -> None:
         shadow = self._by_token.get(token)

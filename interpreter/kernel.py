@@ -343,12 +343,13 @@ class KernelProcess:
         async with self._lock:
             await self._kernel._command(self._require_alive(), {"op": "extend", "hook": hook})
 
-    async def kill(self) -> None:
-        """Kill the process holding this namespace (SIGKILL) and wait until it is gone."""
+    async def kill(self, *, wait: bool = True) -> None:
+        """Kill the process holding this namespace (SIGKILL); with ``wait``, until it is gone."""
         proc = self._proc
         self._kernel._kill(proc, "killed by the runtime")
-        with anyio.move_on_after(5):
-            await proc.dead.wait()
+        if wait:
+            with anyio.move_on_after(5):
+                await proc.dead.wait()
 
     def _require_alive(self) -> _Proc:
         if not self._proc.alive:

@@ -192,6 +192,8 @@ class LazyDeferralTransformer(ast.NodeTransformer):
         symbol = _UNARY_SYMBOLS.get(type(node.op))
         if symbol is None:  # ``not``: a truth test, forcing is right
             return node
+        if isinstance(node.operand, ast.Constant):  # ``-0.5``: a literal, never lazy
+            return node
         return _helper_call("_lz_unary_", [ast.Constant(symbol), node.operand], node)
 
     def visit_Compare(self, node: ast.Compare) -> ast.AST:

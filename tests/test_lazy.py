@@ -375,7 +375,9 @@ def test_transform_leaves_patterns_and_annotations_alone():
 _ATOMS = st.sampled_from(["0", "1", "2", "-3", "7", "2.5", "-0.5", "True", "None", "'ab'",
                           "'x: %s'", "''", "[1, 2]", "(3,)", "n", "s", "xs"])
 _BINOPS = st.sampled_from(["+", "-", "*", "/", "//", "%", "<<", ">>", "&", "|", "^"])
-_COMPARE = st.sampled_from(["==", "!=", "<", "<=", ">", ">=", "is", "is not", "in", "not in"])
+# ``is`` / ``is not`` are left out: whether two equal numbers are one object depends on the
+# compiler's constant folding, which the rewrite (rightly) does not reproduce.
+_COMPARE = st.sampled_from(["==", "!=", "<", "<=", ">", ">=", "in", "not in"])
 
 
 def _expressions():

