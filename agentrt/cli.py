@@ -80,6 +80,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
+    if Path("benchmarks", "run.py").is_file() and "" not in sys.path:
+        sys.path.insert(0, "")  # the benchmarks live in the repository, not in the package
     try:
         from benchmarks.run import main as bench_main
     except ImportError:

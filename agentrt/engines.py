@@ -8,6 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from agentrt.engine.base import Engine
+from agentrt.engine.spec_config import parse_spec_config
+
+__all__ = ["ENGINE_KINDS", "EngineOptions", "make_engine", "parse_spec_config"]
 
 ENGINE_KINDS = ("native", "vllm", "openai", "replay")
 
@@ -28,19 +31,6 @@ class EngineOptions:
     tokens_per_second: float = 50.0
 
 
-def parse_spec_config(text: str | None) -> dict[str, Any] | None:
-    """Parse a ``--spec-config`` JSON object (``None`` / empty stays ``None``)."""
-    if not text:
-        return None
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"--spec-config is not valid JSON: {exc}") from None
-    if value is not None and not isinstance(value, dict):
-        raise ValueError("--spec-config must be a JSON object")
-    return value
-
-
 def make_engine(opts: EngineOptions) -> Engine:
     """Construct the backend ``opts.kind`` describes."""
     if opts.kind == "native":
@@ -52,7 +42,7 @@ def make_engine(opts: EngineOptions) -> Engine:
     if opts.kind == "vllm":
         from agentrt.engine import VLLMEngine
 
-        return VLLMEngine(model=opts.model, speculative_config=opts.spec_config)
+        return VLLMEngine(model=opts.model, dtype=opts.dtype, speculative_config=opts.spec_config)
     if opts.kind == "openai":
         from agentrt.engine import OpenAIEngine
 

@@ -76,6 +76,12 @@ def plot_timeline(name: str, traces, path: Path) -> None:
         ax.invert_yaxis()
         ax.set_title(f"{name}: {title}", fontsize=9)
     axes[-1].set_xlabel("seconds since run start")
+    from matplotlib.patches import Patch
+
+    legend = [Patch(color=c, label=l) for c, l in (
+        ("tab:gray", "generation"), ("tab:blue", "tool call (at its statement)"),
+        ("tab:orange", "early tool call"), ("tab:green", "block execution"))]
+    axes[0].legend(handles=legend, fontsize=7, loc="upper right")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

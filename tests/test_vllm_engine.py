@@ -257,3 +257,23 @@ def test_server_command_passes_spec_config_through(tmp_path):
     assert json.loads(cmd[cmd.index("--speculative-config") + 1]) == NGRAM
     assert cmd[-2:] == ["--per-request-spec-decode-metrics", "detailed"]
     assert server.base_url == f"http://127.0.0.1:{server.port}"
+
+
+@vllm
+def test_agent_run_end_to_end_on_vllm(ngram, loop):
+    """The agent loop on a live vLLM model: same answer with tool speculation on and off."""
+    from agentrt import Agent
+    from agentrt.demo import EXAMPLE, REVIEWS, SYSTEM, TASK, make_tools
+
+    results = []
+    for speculation in (False, True):
+        agent = Agent(ngram, tools=make_tools(), builtin_tools=False, max_turns=2,
+                      speculation=speculation, system_prompt=SYSTEM, examples=EXAMPLE,
+                      sampling=SamplingParams(max_tokens=160))
+        results.append(loop.run_until_complete(agent.run(TASK, REVIEWS)))
+    plain_run, spec_run = results
+    assert plain_run.turns[0].blocks, plain_run.turns[0].response  # the model wrote code that ran
+    assert plain_run.stats.tool_calls["word_count"] >= 1
+    assert [t.response for t in plain_run.turns] == [t.response for t in spec_run.turns]
+    assert (plain_run.status, repr(plain_run.answer)) == (spec_run.status, repr(spec_run.answer))
+    assert spec_run.stats.launched >= 1
