@@ -1,0 +1,525 @@
+"""A lean Llama-family decoder in plain torch, with a static preallocated KV cache.
+
+Covers Llama / Mistral / Qwen2 / Qwen3 style checkpoints: RMSNorm, rotary embeddings (default,
+linear and llama3 scaling), grouped-query attention, SiLU-gated MLP, optional q/k/v bias (Qwen2),
+optional q/k norms (Qwen3) and tied embeddings. Weights load from ``*.safetensors`` +
+``config.json`` in a Hugging Face directory.
+
+``forward(tokens[B, n], start_pos)`` runs ``n`` new tokens at positions
+``start_pos .. start_pos + n - 1``, writing their keys/values into the cache and attending over
+everything before them. Nothing else is stored, so rolling back rejected tokens is just calling
+the next forward with a smaller ``start_pos``.
+
+Precision: weights keep the checkpoint's dtype. On CUDA (and for fp32 weights) activations use
+the weight dtype. On CPU with bf16/fp16 weights, activations and the KV cache are float32 and
+every projection goes through `Matmul`, which reads half-precision weights directly (see there).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import logging
+import math
+import os
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    """The architecture fields the forward needs, read from a Hugging Face ``config.json``."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    qk_norm: bool = False
+    max_position_embeddings: int = 4096
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    model_type: str = "llama"
+
+    @classmethod
+    def from_dict(cls, cfg: dict) -> "LlamaConfig":
+        """Build from a ``config.json`` dict (transformers 4.x and 5.x spellings)."""
+        rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+        rope_theta = cfg.get("rope_theta", rope.get("rope_theta", 10000.0))
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        scaling = None if rope_type in (None, "default") else {**rope, "rope_type": rope_type}
+        eos = cfg.get("eos_token_id")
+        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
+        heads = cfg["num_attention_heads"]
+        model_type = cfg.get("model_type", "llama")
+        return cls(
+            vocab_size=cfg["vocab_size"],
+            hidden_size=cfg["hidden_size"],
+            intermediate_size=cfg["intermediate_size"],
+            num_layers=cfg["num_hidden_layers"],
+            num_heads=heads,
+            num_kv_heads=cfg.get("num_key_value_heads") or heads,
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-5),
+            rope_theta=float(rope_theta),
+            rope_scaling=scaling,
+            tie_word_embeddings=cfg.get("tie_word_embeddings", False),
+            attention_bias=cfg.get("attention_bias", model_type == "qwen2"),
+            qk_norm=model_type == "qwen3",
+            max_position_embeddings=cfg.get("max_position_embeddings", 4096),
+            bos_token_id=cfg.get("bos_token_id"),
+            eos_token_ids=eos_ids,
+            model_type=model_type,
+        )
+
+    @classmethod
+    def from_dir(cls, path: str | Path) -> "LlamaConfig":
+        return cls.from_dict(json.loads((Path(path) / "config.json").read_text()))
+
+
+# ------------------------------------------------------------------------------------ pieces
+
+def rope_frequencies(cfg: LlamaConfig, max_seq_len: int, device=None) -> Tensor:
+    """Unit complex rotations ``[max_seq_len, head_dim // 2]`` (complex64), one per position and
+    frequency, with linear or llama3 scaling applied."""
+    dim = cfg.head_dim
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    scaling = cfg.rope_scaling or {}
+    kind = scaling.get("rope_type")
+    if kind == "linear":
+        inv_freq = inv_freq / float(scaling["factor"])
+    elif kind == "llama3":
+        inv_freq = _llama3_inv_freq(inv_freq, scaling)
+    elif kind is not None:
+        raise NotImplementedError(f"rope scaling {kind!r} is not supported")
+    angles = torch.outer(torch.arange(max_seq_len, dtype=torch.float64), inv_freq)
+    return torch.polar(torch.ones_like(angles), angles).to(torch.complex64).to(device)
+
+
+def _llama3_inv_freq(inv_freq: Tensor, s: dict) -> Tensor:
+    factor, low, high = float(s["factor"]), float(s["low_freq_factor"]), float(s["high_freq_factor"])
+    old_len = float(s["original_max_position_embeddings"])
+    wavelen = 2 * math.pi / inv_freq
+    smooth = (old_len / wavelen - low) / (high - low)
+    scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+    mid = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+    is_mid = (wavelen <= old_len / low) & (wavelen >= old_len / high)
+    return torch.where(is_mid, mid, scaled)
+
+
+def interleave_halves(rows: Tensor, head_dim: int) -> Tensor:
+    """Reorder each head's rows from "rotate half" order (x_i pairs with x_{i+d/2}) to adjacent
+    pairs, so RoPE becomes one complex multiply. q·k is unchanged when q and k both use it."""
+    half = head_dim // 2
+    order = torch.stack([torch.arange(half), torch.arange(half) + half], dim=-1).flatten()
+    return rows.unflatten(0, (-1, head_dim))[:, order].flatten(0, 1)
+
+
+def apply_rope(x: Tensor, freqs: Tensor) -> Tensor:
+    """Rotate adjacent pairs of ``x[..., n, heads, head_dim]`` by ``freqs[n, 1, head_dim // 2]``
+    (in float32; the result has x's dtype)."""
+    pairs = torch.view_as_complex(x.float().unflatten(-1, (-1, 2)))
+    return torch.view_as_real(pairs * freqs).flatten(-2).type_as(x)
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """RMSNorm computed in float32, scaled in the weight's dtype (as transformers does)."""
+    if x.dtype == torch.float32 and weight.dtype == torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
+    return F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(weight.dtype) * weight
+
+
+# ------------------------------------------------------------------------ CPU bf16 matmul
+
+_BF16_LINEAR_C = r"""
+#include <immintrin.h>
+#include <stdint.h>
+
+static inline __m256 load_bf16x8(const uint16_t *p) {
+    __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+
+static inline float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* y[i * ystride] = dot(w_row, x[i]) for R activation rows: the weight row is widened once per
+   8 values and used for all R rows (R accumulators live in registers). */
+#define DEFINE_DOT(R)                                                                   \
+    static void dot##R(const uint16_t *wr, const float *x, int64_t K, float *y,         \
+                       int64_t ystride) {                                               \
+        __m256 acc[R];                                                                  \
+        for (int i = 0; i < R; i++) acc[i] = _mm256_setzero_ps();                       \
+        for (int64_t k = 0; k < K; k += 8) {                                            \
+            const __m256 c = load_bf16x8(wr + k);                                       \
+            for (int i = 0; i < R; i++)                                                 \
+                acc[i] = _mm256_fmadd_ps(c, _mm256_loadu_ps(x + i * K + k), acc[i]);    \
+        }                                                                               \
+        for (int i = 0; i < R; i++) y[i * ystride] = hsum(acc[i]);                      \
+    }
+DEFINE_DOT(1) DEFINE_DOT(2) DEFINE_DOT(3) DEFINE_DOT(4) DEFINE_DOT(5) DEFINE_DOT(6)
+DEFINE_DOT(7) DEFINE_DOT(8) DEFINE_DOT(9) DEFINE_DOT(10) DEFINE_DOT(11) DEFINE_DOT(12)
+
+typedef void (*dot_fn)(const uint16_t *, const float *, int64_t, float *, int64_t);
+static const dot_fn DOTS[13] = {0, dot1, dot2, dot3, dot4, dot5, dot6,
+                                dot7, dot8, dot9, dot10, dot11, dot12};
+
+/* y[M, N] = x[M, K] (float32) . w[N, K]^T (bfloat16), K % 8 == 0. Weight rows stream once,
+   in order (one sequential stream per thread); activation rows go in chunks of <= 12. Every
+   output is summed in the same order whatever M is, so a row's result never depends on the
+   rows batched with it. */
+void bf16_linear(const float *x, const uint16_t *w, float *y,
+                 int64_t M, int64_t N, int64_t K, int threads) {
+    const int64_t chunks = (M + 11) / 12, chunk = (M + chunks - 1) / chunks;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+        for (int64_t m0 = 0; m0 < M; m0 += chunk) {
+            const int64_t rows = M - m0 < chunk ? M - m0 : chunk;
+            DOTS[rows](w + n * K, x + m0 * K, K, y + m0 * N + n, N);
+        }
+    }
+}
+"""
+
+
+def _build_bf16_kernel():
+    """Compile (once, cached under the agentrt home) and load the AVX2 bf16 matmul, or None."""
+    if os.environ.get("AGENTRT_CPU_KERNEL", "1") == "0":
+        return None
+    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+        return None
+    from .models import home
+
+    digest = hashlib.sha256(_BF16_LINEAR_C.encode()).hexdigest()[:16]
+    target = home() / "kernels" / f"bf16_linear-{digest}.so"
+    try:
+        if not target.is_file():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory() as tmp:
+                src, out = Path(tmp) / "bf16_linear.c", Path(tmp) / "bf16_linear.so"
+                src.write_text(_BF16_LINEAR_C)
+                subprocess.run(["gcc", "-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC",
+                                str(src), "-o", str(out)], check=True, capture_output=True, timeout=120)
+                os.replace(out, target)
+        lib = ctypes.CDLL(str(target))
+    except (OSError, subprocess.SubprocessError) as exc:
+        log.warning("CPU bf16 matmul kernel unavailable (%s); using the torch fallback", exc)
+        return None
+    fn = lib.bf16_linear
+    fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+    fn.restype = None
+    return fn
+
+
+_kernel_cache: dict[str, object] = {}
+
+
+def bf16_kernel():
+    """The compiled CPU bf16 matmul (a ctypes function), or None where it cannot be built."""
+    if "fn" not in _kernel_cache:
+        _kernel_cache["fn"] = _build_bf16_kernel()
+    return _kernel_cache["fn"]
+
+
+class Matmul:
+    """``x @ w.T (+ b)`` for one model: where the weights and activations may differ in dtype.
+
+    ``compute_dtype`` is the activations' dtype. On CPU with bf16 weights and float32
+    activations, up to ``kernel_max_rows`` rows use the AVX2 kernel above: it streams the bf16
+    weights once and accumulates in float32, so verifying 8 draft tokens costs little more than
+    decoding one (torch's own bf16 matmul on CPUs without native bf16 costs ~linearly in rows),
+    and a row's result does not depend on the batch. More rows (long prefills) widen the weight
+    to float32 and use torch's GEMM. Without the kernel: torch bf16 for one row, widened
+    weights for several.
+    """
+
+    def __init__(self, weight_dtype: torch.dtype, compute_dtype: torch.dtype, device: torch.device,
+                 use_kernel: bool = True, kernel_max_rows: int = 64):
+        self.weight_dtype, self.compute_dtype = weight_dtype, compute_dtype
+        self.kernel = None
+        if (use_kernel and device.type == "cpu" and weight_dtype == torch.bfloat16
+                and compute_dtype == torch.float32):
+            self.kernel = bf16_kernel()
+        self.kernel_max_rows = kernel_max_rows
+        self.mixed = weight_dtype != compute_dtype
+
+    def __call__(self, x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
+        if not self.mixed:
+            return F.linear(x, w, b)
+        rows, k = x.shape
+        if self.kernel is not None and rows <= self.kernel_max_rows and k % 8 == 0:
+            x = x.contiguous()
+            y = torch.empty(rows, w.shape[0], dtype=torch.float32)
+            self.kernel(x.data_ptr(), w.data_ptr(), y.data_ptr(), rows, w.shape[0], k,
+                        torch.get_num_threads())
+        elif rows == 1:
+            y = F.linear(x.to(w.dtype), w).to(self.compute_dtype)
+        else:
+            y = F.linear(x, w.to(self.compute_dtype))
+        return y if b is None else y + b
+
+
+class Block(nn.Module):
+    """One decoder layer with fused qkv and gate/up projections.
+
+    q and k rows are stored in adjacent-pair RoPE order (`interleave_halves`). Attention uses a
+    grouped layout: the ``heads / kv_heads`` query heads sharing a kv head are stacked along the
+    query axis, so grouped-query attention needs no key/value expansion.
+    """
+
+    def __init__(self, cfg: LlamaConfig, dtype: torch.dtype, device):
+        super().__init__()
+        self.cfg = cfg
+        q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        kw = dict(dtype=dtype, device=device)
+        self.attn_norm = nn.Parameter(torch.ones(cfg.hidden_size, **kw), requires_grad=False)
+        self.wqkv = nn.Parameter(torch.empty(q + 2 * kv, cfg.hidden_size, **kw), requires_grad=False)
+        self.bqkv = (nn.Parameter(torch.zeros(q + 2 * kv, **kw), requires_grad=False)
+                     if cfg.attention_bias else None)
+        self.q_norm = self.k_norm = None
+        if cfg.qk_norm:
+            self.q_norm = nn.Parameter(torch.ones(cfg.head_dim, **kw), requires_grad=False)
+            self.k_norm = nn.Parameter(torch.ones(cfg.head_dim, **kw), requires_grad=False)
+        self.wo = nn.Parameter(torch.empty(cfg.hidden_size, q, **kw), requires_grad=False)
+        self.mlp_norm = nn.Parameter(torch.ones(cfg.hidden_size, **kw), requires_grad=False)
+        self.w_gate_up = nn.Parameter(
+            torch.empty(2 * cfg.intermediate_size, cfg.hidden_size, **kw), requires_grad=False)
+        self.w_down = nn.Parameter(
+            torch.empty(cfg.hidden_size, cfg.intermediate_size, **kw), requires_grad=False)
+
+    def forward(self, x: Tensor, freqs: Tensor, start_pos: int, bsz: int, mask: Tensor | None,
+                w: dict[str, Tensor | None], k_cache: Tensor, v_cache: Tensor, mm: Matmul) -> Tensor:
+        """Run the layer on ``x[B * n, hidden]`` with weights ``w`` (see `Transformer.layer_weights`),
+        writing keys/values at ``start_pos`` into the caches ``[B_max, kv_heads, T_max, head_dim]``
+        and attending with ``mask[groups * n, start_pos + n]`` (None: see everything)."""
+        cfg = self.cfg
+        n = x.shape[0] // bsz
+        h, kvh, hd, eps = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps
+        groups = h // kvh
+        qkv = mm(rms_norm(x, w["attn_norm"], eps), w["wqkv"], w["bqkv"])
+        qk = qkv[:, :(h + kvh) * hd].view(bsz, n, h + kvh, hd)
+        v = qkv[:, (h + kvh) * hd:].view(bsz, n, kvh, hd)
+        if w["q_norm"] is not None:
+            qk = torch.cat([rms_norm(qk[:, :, :h], w["q_norm"], eps),
+                            rms_norm(qk[:, :, h:], w["k_norm"], eps)], dim=2)
+        qk = apply_rope(qk, freqs)
+        end = start_pos + n
+        k_cache[:bsz, :, start_pos:end] = qk[:, :, h:].transpose(1, 2)
+        v_cache[:bsz, :, start_pos:end] = v.transpose(1, 2)
+        q = qk[:, :, :h].to(k_cache.dtype)
+        if n == 1:
+            q = q.view(bsz, kvh, groups, hd)
+        else:
+            q = q.view(bsz, n, kvh, groups, hd).permute(0, 2, 3, 1, 4).reshape(bsz, kvh, groups * n, hd)
+        attn = F.scaled_dot_product_attention(
+            q, k_cache[:bsz, :, :end], v_cache[:bsz, :, :end], attn_mask=mask)
+        if n > 1:
+            attn = attn.view(bsz, kvh, groups, n, hd).permute(0, 3, 1, 2, 4)
+        x = x + mm(attn.reshape(bsz * n, h * hd).to(x.dtype), w["wo"])
+        gate_up = mm(rms_norm(x, w["mlp_norm"], eps), w["w_gate_up"])
+        inter = cfg.intermediate_size
+        return x + mm(F.silu(gate_up[:, :inter]) * gate_up[:, inter:], w["w_down"])
+
+
+_MATRICES = ("wqkv", "wo", "w_gate_up", "w_down")
+_VECTORS = ("attn_norm", "bqkv", "q_norm", "k_norm", "mlp_norm")
+
+
+class Transformer(nn.Module):
+    """A Llama-family causal LM with a static KV cache (see the module docstring).
+
+    ``compute_dtype`` (default: float32 on CPU, else the weight dtype) is the dtype of
+    activations and of the KV cache. ``cpu_kernel=False`` disables the AVX2 bf16 matmul.
+    """
+
+    def __init__(self, cfg: LlamaConfig, dtype: torch.dtype = torch.bfloat16,
+                 device: str | torch.device = "cpu", max_seq_len: int = 4096, max_batch: int = 1,
+                 compute_dtype: torch.dtype | None = None, cpu_kernel: bool = True):
+        super().__init__()
+        self.cfg = cfg
+        self.dtype = dtype
+        self.device = torch.device(device)
+        if compute_dtype is None:
+            compute_dtype = torch.float32 if self.device.type == "cpu" else dtype
+        self.compute_dtype = compute_dtype
+        kw = dict(dtype=dtype, device=self.device)
+        self.embed = nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size, **kw), requires_grad=False)
+        self.layers = nn.ModuleList(Block(cfg, dtype, self.device) for _ in range(cfg.num_layers))
+        self.norm = nn.Parameter(torch.ones(cfg.hidden_size, **kw), requires_grad=False)
+        self.lm_head = (self.embed if cfg.tie_word_embeddings else
+                        nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size, **kw), requires_grad=False))
+        self.matmul = Matmul(dtype, compute_dtype, self.device, use_kernel=cpu_kernel)
+        self.layer_weights: list[dict[str, Tensor | None]] = []
+        self.rope = torch.empty(0, dtype=torch.complex64)
+        self.caches: list[tuple[Tensor, Tensor]] = []
+        self.max_batch = max_batch
+        self.max_seq_len = 0
+        self.allocate_cache(max_batch, max_seq_len)
+        self.refresh_weights()
+
+    # ------------------------------------------------------------------------- construction
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, dtype: str | torch.dtype = "bf16",
+                        device: str | torch.device = "cpu", max_seq_len: int = 4096,
+                        max_batch: int = 1, compute_dtype: torch.dtype | None = None,
+                        cpu_kernel: bool = True) -> "Transformer":
+        """Load ``config.json`` + ``*.safetensors`` from a Hugging Face model directory."""
+        from safetensors import safe_open
+
+        path = Path(path)
+        cfg = LlamaConfig.from_dir(path)
+        torch_dtype = TORCH_DTYPES[dtype] if isinstance(dtype, str) else dtype
+        files = sorted(path.glob("*.safetensors"))
+        if not files:
+            raise FileNotFoundError(f"no *.safetensors files in {path}")
+        tensors: dict[str, Tensor] = {}
+        for file in files:
+            with safe_open(str(file), framework="pt") as f:
+                for name in f.keys():
+                    tensors[name] = f.get_tensor(name)
+        if "lm_head.weight" not in tensors and not cfg.tie_word_embeddings:
+            cfg = LlamaConfig(**{**cfg.__dict__, "tie_word_embeddings": True})
+        model = cls(cfg, torch_dtype, device, max_seq_len, max_batch, compute_dtype, cpu_kernel)
+        model.load_hf_state(tensors)
+        return model.eval()
+
+    def load_hf_state(self, tensors: dict[str, Tensor]) -> None:
+        """Copy weights named as in transformers' ``LlamaForCausalLM`` into the fused layout
+        (q/k rows, biases and norms in adjacent-pair RoPE order)."""
+        hd = self.cfg.head_dim
+
+        def take(name: str) -> Tensor:
+            try:
+                return tensors[name]
+            except KeyError:
+                raise KeyError(f"checkpoint has no tensor {name!r}") from None
+
+        def put(param: Tensor, value: Tensor) -> None:
+            if param.shape != value.shape:
+                raise ValueError(f"shape mismatch: {tuple(value.shape)} vs {tuple(param.shape)}")
+            param.copy_(value.to(param.dtype))
+
+        def qkv(prefix: str, suffix: str) -> Tensor:
+            q, k, v = (take(prefix + f"self_attn.{x}_proj.{suffix}") for x in "qkv")
+            return torch.cat([interleave_halves(q, hd), interleave_halves(k, hd), v])
+
+        with torch.no_grad():
+            put(self.embed, take("model.embed_tokens.weight"))
+            put(self.norm, take("model.norm.weight"))
+            if not self.cfg.tie_word_embeddings:
+                put(self.lm_head, take("lm_head.weight"))
+            for i, layer in enumerate(self.layers):
+                p = f"model.layers.{i}."
+                put(layer.attn_norm, take(p + "input_layernorm.weight"))
+                put(layer.mlp_norm, take(p + "post_attention_layernorm.weight"))
+                put(layer.wqkv, qkv(p, "weight"))
+                if layer.bqkv is not None:
+                    put(layer.bqkv, qkv(p, "bias"))
+                if layer.q_norm is not None:
+                    put(layer.q_norm, interleave_halves(take(p + "self_attn.q_norm.weight"), hd))
+                    put(layer.k_norm, interleave_halves(take(p + "self_attn.k_norm.weight"), hd))
+                put(layer.wo, take(p + "self_attn.o_proj.weight"))
+                put(layer.w_gate_up, torch.cat([take(p + "mlp.gate_proj.weight"),
+                                                take(p + "mlp.up_proj.weight")]))
+                put(layer.w_down, take(p + "mlp.down_proj.weight"))
+        self.refresh_weights()
+
+    def refresh_weights(self) -> None:
+        """Rebuild the per-layer weight tables after the parameters changed: matrices as
+        stored, vectors (norms, biases) in the compute dtype."""
+        def vec(t: Tensor | None) -> Tensor | None:
+            return None if t is None else t.to(self.compute_dtype)
+
+        self.layer_weights = [
+            {**{name: getattr(layer, name) for name in _MATRICES},
+             **{name: vec(getattr(layer, name)) for name in _VECTORS}}
+            for layer in self.layers
+        ]
+        self.final_norm = vec(self.norm)
+
+    def allocate_cache(self, max_batch: int, max_seq_len: int) -> None:
+        """(Re)allocate the KV cache for ``max_batch`` sequences of ``max_seq_len`` tokens."""
+        if max_seq_len > self.rope.shape[0]:
+            self.rope = rope_frequencies(self.cfg, max_seq_len, self.device)
+        self.max_batch, self.max_seq_len = max_batch, max_seq_len
+        shape = (max_batch, self.cfg.num_kv_heads, max_seq_len, self.cfg.head_dim)
+        self.caches = [
+            (torch.zeros(shape, dtype=self.compute_dtype, device=self.device),
+             torch.zeros(shape, dtype=self.compute_dtype, device=self.device))
+            for _ in range(self.cfg.num_layers)
+        ]
+
+    def truncated(self, num_layers: int) -> "Transformer":
+        """A layer-skip drafter: the first ``num_layers`` layers, sharing this model's weights
+        (embeddings, final norm and head included), with a KV cache of its own."""
+        if not 0 < num_layers <= self.cfg.num_layers:
+            raise ValueError(f"num_layers must be in 1..{self.cfg.num_layers}, got {num_layers}")
+        clone = Transformer.__new__(Transformer)
+        nn.Module.__init__(clone)
+        clone.cfg = LlamaConfig(**{**self.cfg.__dict__, "num_layers": num_layers})
+        clone.dtype, clone.device, clone.compute_dtype = self.dtype, self.device, self.compute_dtype
+        clone.embed, clone.norm, clone.lm_head = self.embed, self.norm, self.lm_head
+        clone.layers = nn.ModuleList(self.layers[:num_layers])
+        clone.matmul = self.matmul
+        clone.layer_weights = self.layer_weights[:num_layers]
+        clone.final_norm = self.final_norm
+        clone.rope = self.rope
+        clone.caches = []
+        clone.max_seq_len = 0
+        clone.allocate_cache(self.max_batch, self.max_seq_len)
+        return clone.eval()
+
+    # ------------------------------------------------------------------------------ forward
+
+    @property
+    def vocab_size(self) -> int:
+        return self.cfg.vocab_size
+
+    def forward(self, tokens: Tensor, start_pos: int, logits_for: str | int = "all") -> Tensor:
+        """Logits ``[B, m, V]`` (float32) for ``tokens[B, n]`` placed at ``start_pos``.
+
+        ``logits_for``: ``"all"`` (m = n), ``"last"`` (m = 1), or an int m (the last m
+        positions): the head only runs where logits are needed.
+        """
+        bsz, n = tokens.shape
+        end = start_pos + n
+        if end > self.max_seq_len:
+            raise ValueError(f"sequence of {end} tokens exceeds max_seq_len={self.max_seq_len}")
+        if bsz > self.max_batch:
+            raise ValueError(f"batch of {bsz} exceeds max_batch={self.max_batch}")
+        x = F.embedding(tokens.reshape(-1), self.embed).to(self.compute_dtype)
+        freqs = self.rope[start_pos:end, None, :]
+        mask = None
+        if n > 1:
+            groups = self.cfg.num_heads // self.cfg.num_kv_heads
+            key_pos = torch.arange(end, device=self.device)
+            query_pos = torch.arange(start_pos, end, device=self.device)
+            mask = (key_pos[None, :] <= query_pos[:, None]).repeat(groups, 1)
+        for layer, w, (k_cache, v_cache) in zip(self.layers, self.layer_weights, self.caches):
+            x = layer(x, freqs, start_pos, bsz, mask, w, k_cache, v_cache, self.matmul)
+        keep = n if logits_for == "all" else (1 if logits_for == "last" else int(logits_for))
+        x = x.view(bsz, n, -1)[:, n - keep:].reshape(bsz * keep, -1)
+        logits = self.matmul(rms_norm(x, self.final_norm, self.cfg.rms_norm_eps), self.lm_head)
+        return logits.view(bsz, keep, -1).float()

@@ -1,0 +1,266 @@
+"""NativeEngine on the real SmolLM2-135M: streaming, stops, limits, sampling, cancellation,
+concurrency, and the lean Llama forward against transformers on the same weights."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+import torch
+
+from agentrt.engine import EngineError, NativeEngine, SamplingParams, complete
+from agentrt.engine import models
+from agentrt.engine.llama import Transformer
+from agentrt.engine.tokenizer import IncrementalDetokenizer, StopStringMatcher
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+pytestmark = pytest.mark.anyio
+
+CODE = [{"role": "user", "content": "Write a Python function that adds two numbers."}]
+CHAT = [{"role": "user", "content": "Name three colours of the rainbow."}]
+LIST = [{"role": "user", "content": "Count from one to ten in words, separated by commas."}]
+
+
+@pytest.fixture(scope="module")
+def anyio_backend():
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+def engine():
+    models.ensure("smollm2-135m", "fp32")
+    eng = NativeEngine(dtype="fp32", speculation="ngram", num_speculative_tokens=4, max_seq_len=1024)
+    yield eng
+    eng.close()
+
+
+async def collect(engine, messages, params):
+    deltas = [d async for d in engine.stream(messages, params)]
+    return deltas
+
+
+# ------------------------------------------------------------------------------ the model
+
+def _hf_model(path, dtype=torch.float32):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype).eval()
+
+
+def test_llama_logits_match_transformers():
+    path = models.ensure("smollm2-135m", "fp32")
+    ours = Transformer.from_pretrained(path, "fp32", max_seq_len=128)
+    theirs = _hf_model(path)
+    ids = torch.randint(0, ours.vocab_size, (1, 24), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        ref = theirs(ids).logits
+        full = ours(ids, 0)
+        split = torch.cat([ours(ids[:, :16], 0), ours(ids[:, 16:20], 16),
+                           *[ours(ids[:, i:i + 1], i) for i in range(20, 24)]], dim=1)
+        last = ours(ids, 0, "last")
+    scale = ref.abs().max()
+    assert (full - ref).abs().max() < 1e-4 * scale
+    assert (split - ref).abs().max() < 1e-4 * scale
+    assert torch.allclose(last[:, -1], full[:, -1], atol=1e-4 * scale)
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen2", "qwen3"])
+def test_llama_matches_transformers_on_other_families(tmp_path, model_type):
+    import transformers
+
+    config_cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
+                  "qwen3": transformers.Qwen3Config}[model_type]
+    config = config_cls(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                        max_position_embeddings=128, tie_word_embeddings=model_type == "qwen3",
+                        rope_theta=5000.0)
+    torch.manual_seed(0)
+    hf = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    with torch.no_grad():  # make biases and norms non-trivial so a missing one shows
+        for name, p in hf.named_parameters():
+            if name.endswith("bias") or "norm" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+    hf.save_pretrained(tmp_path)
+    ours = Transformer.from_pretrained(tmp_path, "fp32", max_seq_len=64)
+    ids = torch.randint(0, 300, (2, 12))
+    ours.allocate_cache(2, 64)
+    with torch.inference_mode():
+        ref = hf(ids).logits
+        got = torch.cat([ours(ids[:, :7], 0), ours(ids[:, 7:], 7)], dim=1)
+    assert (got - ref).abs().max() < 1e-4
+
+
+def test_bf16_decode_paths_agree():
+    """Single-token (bf16 weights) and multi-token (float32 copy) forwards give close logits."""
+    path = models.ensure("smollm2-135m", "bf16")
+    model = Transformer.from_pretrained(path, "bf16", max_seq_len=64)
+    ids = torch.randint(0, model.vocab_size, (1, 10), generator=torch.Generator().manual_seed(2))
+    with torch.inference_mode():
+        wide = model(ids, 0)
+        step = torch.cat([model(ids[:, i:i + 1], i) for i in range(10)], dim=1)
+    assert (wide - step).abs().max() < 0.05 * wide.abs().max()
+    assert (wide.argmax(-1) == step.argmax(-1)).float().mean() >= 0.9
+
+
+# ------------------------------------------------------------------------- text plumbing
+
+def test_stop_matcher_holds_back_prefixes():
+    m = StopStringMatcher(["</code>", "STOP"])
+    assert m.push("print(1)</") == ("print(1)", False)
+    assert m.push("co") == ("", False)
+    assert m.push("de> more") == ("", True)
+    m = StopStringMatcher(["STOP"])
+    assert m.push("ST") == ("", False)
+    assert m.push("ART") == ("START", False)
+    assert m.push("S") == ("", False)
+    assert m.flush() == "S"
+
+
+def test_incremental_detokenizer_never_splits_characters(engine):
+    tok = engine.tokenizer
+    text = "naïve café — 🙂 ok"
+    ids = tok.encode(text)
+    detok = IncrementalDetokenizer(tok.decode)
+    pieces = [detok.push([i]) for i in ids] + [detok.flush()]
+    assert "".join(pieces) == text
+    assert all("\ufffd" not in p for p in pieces)
+
+
+# ----------------------------------------------------------------------------- streaming
+
+async def test_stream_deltas_join_to_full_text(engine):
+    deltas = await collect(engine, CODE, SamplingParams(max_tokens=24))
+    final = deltas[-1]
+    assert final.finish_reason in ("stop", "length")
+    assert all(d.finish_reason is None for d in deltas[:-1])
+    ids = [t for d in deltas for t in d.token_ids]
+    text = "".join(d.text for d in deltas)
+    assert text == engine.tokenizer.decode(ids)
+    assert final.usage.prompt_tokens > 10
+    assert final.usage.completion_tokens == len(ids) + (final.finish_reason == "stop")
+    m = final.metrics
+    assert m.generated_tokens == final.usage.completion_tokens
+    assert m.verify_steps >= 1 and m.wall_s > m.prefill_s > 0
+    assert len(deltas) >= 3, "the text must arrive incrementally"
+
+
+async def test_max_tokens(engine):
+    deltas = await collect(engine, LIST, SamplingParams(max_tokens=5))
+    assert deltas[-1].finish_reason == "length"
+    assert sum(len(d.token_ids) for d in deltas) == 5
+
+
+async def test_stop_string_spanning_tokens(engine):
+    base = await complete(engine, LIST, SamplingParams(max_tokens=40))
+    pieces = [engine.tokenizer.decode(base.token_ids[:i]) for i in range(len(base.token_ids) + 1)]
+    # a stop string made of the 2 characters before and after a token boundary mid-text
+    boundary = len(pieces[len(pieces) // 2])
+    stop = base.text[boundary - 2:boundary + 2]
+    assert len(stop) == 4 and stop.strip()
+    expected = base.text[:base.text.find(stop)]
+    got = await complete(engine, LIST, SamplingParams(max_tokens=40, stop=(stop, "never-there")))
+    assert got.finish_reason == "stop"
+    assert got.text == expected
+    assert stop not in got.text
+
+
+async def test_seeded_sampling_is_reproducible(engine):
+    params = SamplingParams(max_tokens=24, temperature=0.9, top_p=0.95, seed=1234)
+    a = await complete(engine, CHAT, params)
+    b = await complete(engine, CHAT, params)
+    assert a.token_ids == b.token_ids
+    others = [await complete(engine, CHAT, SamplingParams(max_tokens=24, temperature=0.9, seed=s))
+              for s in (1, 2)]
+    assert any(o.token_ids != a.token_ids for o in others)
+
+
+async def test_cancel_mid_stream_then_clean_request(engine):
+    reference = await complete(engine, CHAT, SamplingParams(max_tokens=16))
+    stream = engine.stream(LIST, SamplingParams(max_tokens=400))
+    received = 0
+    async for delta in stream:
+        received += 1
+        if received == 3:
+            break
+    await stream.aclose()
+    after = await asyncio.wait_for(complete(engine, CHAT, SamplingParams(max_tokens=16)), timeout=120)
+    assert after.token_ids == reference.token_ids
+    assert after.text == reference.text
+
+
+async def test_cancelled_task_frees_the_engine(engine):
+    async def consume():
+        async for _ in engine.stream(LIST, SamplingParams(max_tokens=400)):
+            await asyncio.sleep(0)
+
+    task = asyncio.create_task(consume())
+    await asyncio.sleep(0.5)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    done = await asyncio.wait_for(complete(engine, CHAT, SamplingParams(max_tokens=4)), timeout=120)
+    assert done.usage.completion_tokens >= 1
+
+
+async def test_concurrent_requests_match_sequential(engine):
+    params = SamplingParams(max_tokens=16)
+    sequential = [await complete(engine, m, params) for m in (CODE, CHAT)]
+    concurrent = await asyncio.gather(complete(engine, CODE, params), complete(engine, CHAT, params))
+    assert [c.token_ids for c in concurrent] == [s.token_ids for s in sequential]
+    assert [c.text for c in concurrent] == [s.text for s in sequential]
+
+
+async def test_too_long_prompt_is_an_error_and_engine_survives(engine):
+    huge = [{"role": "user", "content": "word " * 1200}]
+    with pytest.raises(EngineError, match="max_seq_len"):
+        await complete(engine, huge, SamplingParams(max_tokens=4))
+    ok = await complete(engine, CHAT, SamplingParams(max_tokens=4))
+    assert ok.usage.completion_tokens >= 1
+
+
+async def test_metrics_aggregate_and_remember(engine):
+    before = engine.metrics().verify_steps
+    engine.remember("def add(a, b):\n    return a + b\n")
+    await complete(engine, CODE, SamplingParams(max_tokens=8))
+    after = engine.metrics()
+    assert after.verify_steps > before
+    assert after.to_dict()["tau"] >= 1.0
+
+
+async def test_default_bf16_engine_with_adaptive_suffix_speculation():
+    eng = NativeEngine(max_seq_len=512)  # bf16, suffix drafts, adaptive k
+    try:
+        first = await complete(eng, LIST, SamplingParams(max_tokens=24))
+        second = await complete(eng, LIST, SamplingParams(max_tokens=24))
+        assert first.text and first.finish_reason in ("stop", "length")
+        assert eng._policy is not None and eng._policy.costs(8) > 0
+        # the suffix corpus now holds the first answer: the repeat is drafted from it
+        assert second.metrics.draft_tokens > 0
+        assert not eng.metrics().lossy
+    finally:
+        await eng.aclose()
+
+
+async def test_draft_model_speculation_with_sampling():
+    eng = NativeEngine(dtype="fp32", speculation="draft", draft_model=6, num_speculative_tokens=3,
+                       max_seq_len=512)
+    plain = NativeEngine(dtype="fp32", speculation=None, max_seq_len=512)
+    try:
+        greedy = SamplingParams(max_tokens=12)
+        assert (await complete(eng, CODE, greedy)).token_ids == (await complete(plain, CODE, greedy)).token_ids
+        sampled = await complete(eng, CHAT, SamplingParams(max_tokens=12, temperature=0.7, seed=5))
+        assert sampled.metrics.draft_tokens > 0 and sampled.usage.completion_tokens >= 1
+    finally:
+        await eng.aclose()
+        await plain.aclose()
+
+
+async def test_lossy_threshold_is_reported():
+    eng = NativeEngine(dtype="fp32", speculation="ngram", num_speculative_tokens=3,
+                       acceptance_threshold=0.5, max_seq_len=512)
+    try:
+        out = await complete(eng, LIST, SamplingParams(max_tokens=8, temperature=0.8, seed=3))
+        assert out.metrics.lossy and eng.metrics().lossy
+    finally:
+        await eng.aclose()
