@@ -61,10 +61,15 @@ class World:
         elif event.kind == "exec_finished":
             self.execs_open -= 1
 
-    def _enter(self, name: str) -> None:
+    async def work(self, name: str, seconds: float) -> None:
+        """Count an invocation of ``name`` and take ``seconds``, tracking concurrency."""
         self.invocations[name] = self.invocations.get(name, 0) + 1
         self.running += 1
         self.peak = max(self.peak, self.running)
+        try:
+            await anyio.sleep(seconds)
+        finally:
+            self.running -= 1
 
     def tools(self):
         world = self
@@ -72,31 +77,19 @@ class World:
         @tool(speculate=True)
         async def f(x: int) -> int:
             """A pure function."""
-            world._enter("f")
-            try:
-                await anyio.sleep(world.latency)
-            finally:
-                world.running -= 1
+            await world.work("f", world.latency)
             return (x * 7 + 3) % 101
 
         @tool(speculate=True)
         async def g(s: str) -> str:
             """A pure string function."""
-            world._enter("g")
-            try:
-                await anyio.sleep(world.latency)
-            finally:
-                world.running -= 1
+            await world.work("g", world.latency)
             return s[::-1] + "!"
 
         @tool(speculate=True)
         async def boom(x: int) -> int:
             """Raises ValueError for odd input."""
-            world._enter("boom")
-            try:
-                await anyio.sleep(world.latency)
-            finally:
-                world.running -= 1
+            await world.work("boom", world.latency)
             if x % 2:
                 raise ValueError(f"odd input {x}")
             return x // 2
@@ -104,11 +97,7 @@ class World:
         @tool(speculate=True, timeout=0.2)
         async def slow(x: int) -> int:
             """Takes too long for odd input."""
-            world._enter("slow")
-            try:
-                await anyio.sleep(1.0 if x % 2 else 0.01)
-            finally:
-                world.running -= 1
+            await world.work("slow", 1.0 if x % 2 else 0.01)
             return x
 
         @tool
