@@ -10,11 +10,24 @@ fi
 VPY=.venv/bin/python
 stamp=.venv/.agentrt-setup
 want=$(sha256sum pyproject.toml | cut -c1-16)
+
+pip_install() {  # quiet pip; its full log only when it fails
+    local log
+    log=$(mktemp)
+    if ! "$VPY" -m pip install -q --disable-pip-version-check "$@" >"$log" 2>&1; then
+        cat "$log" >&2
+        rm -f "$log"
+        return 1
+    fi
+    rm -f "$log"
+}
+
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-    "$VPY" -m pip install -q --upgrade pip 2>&1 | grep -v -e '^WARNING: Location' || true
+    echo "setting up .venv (torch 2.13.0 CPU, agentrt[dev]) ..."
+    pip_install --upgrade pip
     # torch first, pinned: an unpinned torch would pull a multi-GB CUDA build.
-    "$VPY" -m pip install -q torch==2.13.0 2>&1 | grep -v -e '^WARNING: Location' || true
-    "$VPY" -m pip install -q -e '.[dev]' 2>&1 | grep -v -e '^WARNING: Location' || true
+    pip_install torch==2.13.0
+    pip_install -e '.[dev]'
     "$VPY" -c 'import torch, agentrt; assert torch.__version__.startswith("2.13.0"), torch.__version__'
     echo "$want" > "$stamp"
 fi
