@@ -6,7 +6,6 @@ import contextlib
 import math
 import re
 from collections.abc import Callable, Iterable, Sequence
-from contextlib import aclosing
 from typing import Any
 
 import anyio
@@ -18,8 +17,8 @@ from agentrt.interpreter.segmenter import BlockClosed, BlockOpened, CodeStream, 
 from agentrt.tools import Tool, ToolRegistry, make_llm_tools
 
 from . import prompts
-from .speculation import Speculator
 from .results import BlockRecord, RunResult, RunStats, TurnRecord
+from .speculation import Speculator
 from .trace import Event, Trace
 
 _FENCED = re.compile(r"^```[^\n]*\n.*?(?:^```[ \t]*$|\Z)", re.S | re.M)
@@ -212,7 +211,7 @@ class _Run:
             with send:
                 try:
                     stream = self.agent.engine.stream(messages, self.agent.sampling)
-                    async with aclosing(stream) as deltas:
+                    async with contextlib.aclosing(stream) as deltas:
                         async for delta in deltas:
                             if delta.text:
                                 text.append(delta.text)
