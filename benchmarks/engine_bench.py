@@ -187,7 +187,8 @@ def markdown(summary: dict, meta: dict) -> str:
              f"torch threads {meta['threads']}), max_tokens {meta['max_tokens']}, greedy.", ""]
     for prompt_set, per in summary.items():
         lines += [f"## {prompt_set}", "",
-                  "| system | decode tok/s | x plain | x HF | x HF lookup | tau | accept | prefill s | same as plain |",
+                  "| system | decode tok/s | x plain | x HF | x HF lookup | tau | accept "
+                  "| prefill s | same as plain |",
                   "|---|---|---|---|---|---|---|---|---|"]
         for system, e in per.items():
             if "decode_tok_s" not in e:
@@ -273,7 +274,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from agentrt.engine import models
 
-    path = models.ensure(args.model, args.dtype) if args.model in models.REGISTRY else models.resolve(args.model)
+    if args.model in models.REGISTRY:
+        path = models.ensure(args.model, args.dtype)
+    else:
+        path = models.resolve(args.model)
     sets = [s for s in args.sets.split(",") if s]
     systems = [s for s in args.systems.split(",") if s]
     unknown = set(systems) - set(ALL_SYSTEMS)

@@ -146,11 +146,14 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     return F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(weight.dtype) * weight
 
 
-# ------------------------------------------------------------------------ CPU bf16 matmul
+# --------------------------------------------------------------------------- CPU kernels
 
-_BF16_LINEAR_C = r"""
+_CPU_OPS_C = r"""
 #include <immintrin.h>
+#include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 static inline __m256 load_bf16x8(const uint16_t *p) {
     __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
@@ -185,11 +188,11 @@ typedef void (*dot_fn)(const uint16_t *, const float *, int64_t, float *, int64_
 static const dot_fn DOTS[13] = {0, dot1, dot2, dot3, dot4, dot5, dot6,
                                 dot7, dot8, dot9, dot10, dot11, dot12};
 
-/* y[M, N] = x[M, K] (float32) . w[N, K]^T (bfloat16), K % 8 == 0. Weight rows stream once,
-   in order (one sequential stream per thread); activation rows go in chunks of <= 12. Every
-   output is summed in the same order whatever M is, so a row's result never depends on the
-   rows batched with it. */
-void bf16_linear(const float *x, const uint16_t *w, float *y,
+/* y[M, N] = x[M, K] (float32) . w[N, K]^T (bfloat16) (+ residual[M, N] if not NULL), with
+   K % 8 == 0. Weight rows stream once, in order (one sequential stream per thread);
+   activation rows go in chunks of <= 12. Every output is summed in the same order whatever M
+   is, so a row's result never depends on the rows batched with it. */
+void bf16_linear(const float *x, const uint16_t *w, float *y, const float *residual,
                  int64_t M, int64_t N, int64_t K, int threads) {
     const int64_t chunks = (M + 11) / 12, chunk = (M + chunks - 1) / chunks;
 #pragma omp parallel for num_threads(threads) schedule(static)
@@ -199,85 +202,280 @@ void bf16_linear(const float *x, const uint16_t *w, float *y,
             DOTS[rows](w + n * K, x + m0 * K, K, y + m0 * N + n, N);
         }
     }
+    if (residual)
+        for (int64_t i = 0; i < M * N; i++) y[i] += residual[i];
+}
+
+/* exp(x) for 8 floats: range reduction to 2^n * e^r, |r| <= ln2/2, degree-6 polynomial
+   (relative error ~2e-7); inputs below -87 flush to 0. */
+static inline __m256 exp8(__m256 x) {
+    const __m256 lo = _mm256_set1_ps(-87.3f), hi = _mm256_set1_ps(88.7f);
+    x = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+/* y[m] = x[m] / sqrt(mean(x[m]^2) + eps) * w, for M rows of K (K % 8 == 0). */
+void rms_norm(const float *x, const float *w, float *y, int64_t M, int64_t K, float eps) {
+    for (int64_t m = 0; m < M; m++) {
+        const float *xr = x + m * K;
+        float *yr = y + m * K;
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t k = 0; k < K; k += 8) {
+            const __m256 v = _mm256_loadu_ps(xr + k);
+            acc = _mm256_fmadd_ps(v, v, acc);
+        }
+        const __m256 inv = _mm256_set1_ps(1.0f / sqrtf(hsum(acc) / (float)K + eps));
+        for (int64_t k = 0; k < K; k += 8)
+            _mm256_storeu_ps(yr + k, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(xr + k), inv),
+                                                   _mm256_loadu_ps(w + k)));
+    }
+}
+
+/* y[m, i] = silu(gu[m, i]) * gu[m, I + i] for gu [M, 2I] (I % 8 == 0). */
+void silu_mul(const float *gu, float *y, int64_t M, int64_t I) {
+    const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t i = 0; i < I; i += 8) {
+            const __m256 g = _mm256_loadu_ps(gu + m * 2 * I + i);
+            const __m256 u = _mm256_loadu_ps(gu + m * 2 * I + I + i);
+            const __m256 sig = _mm256_div_ps(one, _mm256_add_ps(one, exp8(_mm256_sub_ps(zero, g))));
+            _mm256_storeu_ps(y + m * I + i, _mm256_mul_ps(_mm256_mul_ps(g, sig), u));
+        }
+}
+
+/* Rotate the q and k heads of qkv [n, (H + 2 KV) * D] in place (adjacent pairs, rope[pos] holds
+   D/2 (cos, sin) pairs) and store k, v rows into the caches [KV, T, D] at start .. start+n-1. */
+void rope_store(float *qkv, const float *rope, int64_t start, int64_t n, int64_t H, int64_t KV,
+                int64_t D, float *k_cache, float *v_cache, int64_t T) {
+    const int64_t row = (H + 2 * KV) * D;
+    for (int64_t r = 0; r < n; r++) {
+        float *v = qkv + r * row;
+        const float *cs = rope + (start + r) * D;
+        for (int64_t head = 0; head < H + KV; head++) {
+            float *x = v + head * D;
+            for (int64_t i = 0; i < D; i += 2) {
+                const float a = x[i], b = x[i + 1], c = cs[i], s = cs[i + 1];
+                x[i] = a * c - b * s;
+                x[i + 1] = a * s + b * c;
+            }
+        }
+        for (int64_t j = 0; j < KV; j++) {
+            memcpy(k_cache + (j * T + start + r) * D, v + (H + j) * D, D * sizeof(float));
+            memcpy(v_cache + (j * T + start + r) * D, v + (H + KV + j) * D, D * sizeof(float));
+        }
+    }
+}
+
+/* Softmax attention of one query head qh [D] over keys/values [len, D] into out [D]. */
+static void attend_head(const float *qh, const float *keys, const float *vals, float *out,
+                        int64_t D, int64_t len, float scale) {
+    float *scores = (float *)malloc((size_t)(len + 8) * sizeof(float));
+    int64_t t = 0;
+    for (; t + 4 <= len; t += 4) {  /* four keys at a time: independent FMA chains */
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        const float *k0 = keys + t * D;
+        for (int64_t d = 0; d < D; d += 8) {
+            const __m256 qv = _mm256_loadu_ps(qh + d);
+            a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + d), a0);
+            a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + D + d), a1);
+            a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 2 * D + d), a2);
+            a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 3 * D + d), a3);
+        }
+        scores[t] = hsum(a0) * scale;
+        scores[t + 1] = hsum(a1) * scale;
+        scores[t + 2] = hsum(a2) * scale;
+        scores[t + 3] = hsum(a3) * scale;
+    }
+    for (; t < len; t++) {
+        __m256 a = _mm256_setzero_ps();
+        for (int64_t d = 0; d < D; d += 8)
+            a = _mm256_fmadd_ps(_mm256_loadu_ps(qh + d), _mm256_loadu_ps(keys + t * D + d), a);
+        scores[t] = hsum(a) * scale;
+    }
+    float best = -INFINITY;
+    for (t = 0; t < len; t++) best = scores[t] > best ? scores[t] : best;
+    __m256 total8 = _mm256_setzero_ps();
+    for (t = 0; t + 8 <= len; t += 8) {
+        const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(scores + t), _mm256_set1_ps(best)));
+        _mm256_storeu_ps(scores + t, e);
+        total8 = _mm256_add_ps(total8, e);
+    }
+    float total = hsum(total8);
+    for (; t < len; t++) {
+        scores[t] = expf(scores[t] - best);
+        total += scores[t];
+    }
+    const __m256 inv = _mm256_set1_ps(1.0f / total);
+    for (int64_t d0 = 0; d0 < D; d0 += 64) {  /* up to 8 output vectors in registers */
+        const int64_t width = D - d0 < 64 ? D - d0 : 64;
+        __m256 acc[8];
+        for (int j = 0; j < 8; j++) acc[j] = _mm256_setzero_ps();
+        for (int64_t u = 0; u < len; u++) {
+            const __m256 p = _mm256_set1_ps(scores[u]);
+            const float *vr = vals + u * D + d0;
+            for (int j = 0; j < 8; j++)
+                if (j * 8 < width) acc[j] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vr + j * 8), acc[j]);
+        }
+        for (int j = 0; j * 8 < width; j++)
+            _mm256_storeu_ps(out + d0 + j * 8, _mm256_mul_ps(acc[j], inv));
+    }
+    free(scores);
+}
+
+/* Causal attention for n query rows at positions start .. start+n-1 (row r sees keys
+   0 .. start+r): q row r, head h at q[r * q_stride + h * D]; out [n, H * D]; caches [KV, T, D];
+   query head h reads kv head h / (H / KV). D % 8 == 0. */
+void attend(const float *q, int64_t q_stride, const float *k_cache, const float *v_cache,
+            float *out, int64_t n, int64_t start, int64_t H, int64_t KV, int64_t D, int64_t T,
+            float scale, int threads) {
+    const int64_t groups = H / KV;
+#pragma omp parallel for num_threads(threads) schedule(static) if (n * H * (start + n) * D >= (1 << 17))
+    for (int64_t i = 0; i < n * H; i++) {
+        const int64_t r = i / H, h = i % H, kv = h / groups;
+        attend_head(q + r * q_stride + h * D, k_cache + kv * T * D, v_cache + kv * T * D,
+                    out + r * H * D + h * D, D, start + r + 1, scale);
+    }
 }
 """
 
 
-def _build_bf16_kernel():
-    """Compile (once, cached under the agentrt home) and load the AVX2 bf16 matmul, or None."""
+class CpuOps:
+    """The compiled CPU helpers (AVX2 + FMA, built once with gcc and cached under the agentrt
+    home): the bf16 matmul and fused float32 RMSNorm, SiLU-gate, RoPE + cache store and
+    single-position attention. Each call replaces several small torch ops whose dispatch
+    overhead dominates a 135M-parameter decode step on CPU."""
+
+    def __init__(self, lib: ctypes.CDLL):
+        i64, ptr, f32, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
+        self._linear = self._fn(lib.bf16_linear, [ptr, ptr, ptr, ptr, i64, i64, i64, i32])
+        self._rms_norm = self._fn(lib.rms_norm, [ptr, ptr, ptr, i64, i64, f32])
+        self._silu_mul = self._fn(lib.silu_mul, [ptr, ptr, i64, i64])
+        self._rope_store = self._fn(lib.rope_store, [ptr, ptr, i64, i64, i64, i64, i64, ptr, ptr, i64])
+        self._attend = self._fn(lib.attend, [ptr, i64, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, f32, i32])
+
+    @staticmethod
+    def _fn(fn, argtypes):
+        fn.argtypes, fn.restype = argtypes, None
+        return fn
+
+    def linear(self, x: Tensor, w: Tensor, residual: Tensor | None = None) -> Tensor:
+        """``x[M, K] (float32) @ w[N, K]^T (bf16) (+ residual)``, float32 out."""
+        y = torch.empty(x.shape[0], w.shape[0])
+        self._linear(x.data_ptr(), w.data_ptr(), y.data_ptr(),
+                     None if residual is None else residual.data_ptr(),
+                     x.shape[0], w.shape[0], x.shape[1], torch.get_num_threads())
+        return y
+
+    def rms_norm(self, x: Tensor, w: Tensor, eps: float) -> Tensor:
+        y = torch.empty_like(x)
+        self._rms_norm(x.data_ptr(), w.data_ptr(), y.data_ptr(), x.shape[0], x.shape[1], eps)
+        return y
+
+    def silu_mul(self, gate_up: Tensor) -> Tensor:
+        rows, width = gate_up.shape
+        y = torch.empty(rows, width // 2)
+        self._silu_mul(gate_up.data_ptr(), y.data_ptr(), rows, width // 2)
+        return y
+
+    def rope_store(self, qkv: Tensor, rope: Tensor, start: int, heads: int, kv_heads: int,
+                   head_dim: int, k_cache: Tensor, v_cache: Tensor) -> None:
+        self._rope_store(qkv.data_ptr(), rope.data_ptr(), start, qkv.shape[0], heads, kv_heads,
+                         head_dim, k_cache.data_ptr(), v_cache.data_ptr(), k_cache.shape[-2])
+
+    def attend(self, qkv: Tensor, k_cache: Tensor, v_cache: Tensor, start: int,
+               heads: int, kv_heads: int, head_dim: int) -> Tensor:
+        """Causal attention of the n query rows in ``qkv[n, ...]`` (positions ``start ..``)."""
+        n = qkv.shape[0]
+        out = torch.empty(n, heads * head_dim)
+        self._attend(qkv.data_ptr(), qkv.stride(0), k_cache.data_ptr(), v_cache.data_ptr(),
+                     out.data_ptr(), n, start, heads, kv_heads, head_dim, k_cache.shape[-2],
+                     1.0 / math.sqrt(head_dim), torch.get_num_threads())
+        return out
+
+
+def _build_cpu_ops() -> CpuOps | None:
     if os.environ.get("AGENTRT_CPU_KERNEL", "1") == "0":
         return None
     if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
         return None
     from .models import home
 
-    digest = hashlib.sha256(_BF16_LINEAR_C.encode()).hexdigest()[:16]
-    target = home() / "kernels" / f"bf16_linear-{digest}.so"
+    digest = hashlib.sha256(_CPU_OPS_C.encode()).hexdigest()[:16]
+    target = home() / "kernels" / f"cpu_ops-{digest}.so"
     try:
         if not target.is_file():
             target.parent.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory() as tmp:
-                src, out = Path(tmp) / "bf16_linear.c", Path(tmp) / "bf16_linear.so"
-                src.write_text(_BF16_LINEAR_C)
+                src, out = Path(tmp) / "cpu_ops.c", Path(tmp) / "cpu_ops.so"
+                src.write_text(_CPU_OPS_C)
                 subprocess.run(["gcc", "-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC",
-                                str(src), "-o", str(out)], check=True, capture_output=True, timeout=120)
+                                str(src), "-o", str(out), "-lm"], check=True, capture_output=True,
+                               timeout=120)
                 os.replace(out, target)
-        lib = ctypes.CDLL(str(target))
+        return CpuOps(ctypes.CDLL(str(target)))
     except (OSError, subprocess.SubprocessError) as exc:
-        log.warning("CPU bf16 matmul kernel unavailable (%s); using the torch fallback", exc)
+        log.warning("CPU kernels unavailable (%s); using plain torch ops", exc)
         return None
-    fn = lib.bf16_linear
-    fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3 + [ctypes.c_int]
-    fn.restype = None
-    return fn
 
 
-_kernel_cache: dict[str, object] = {}
+_ops_cache: dict[str, CpuOps | None] = {}
 
 
-def bf16_kernel():
-    """The compiled CPU bf16 matmul (a ctypes function), or None where it cannot be built."""
-    if "fn" not in _kernel_cache:
-        _kernel_cache["fn"] = _build_bf16_kernel()
-    return _kernel_cache["fn"]
+def cpu_ops() -> CpuOps | None:
+    """The compiled CPU helpers, or None where they cannot be built (no AVX2, no gcc, or
+    ``AGENTRT_CPU_KERNEL=0``)."""
+    if "ops" not in _ops_cache:
+        _ops_cache["ops"] = _build_cpu_ops()
+    return _ops_cache["ops"]
 
 
 class Matmul:
-    """``x @ w.T (+ b)`` for one model: where the weights and activations may differ in dtype.
+    """``x @ w.T (+ b) (+ residual)`` for one model, where weights and activations may differ in dtype.
 
     ``compute_dtype`` is the activations' dtype. On CPU with bf16 weights and float32
-    activations, up to ``kernel_max_rows`` rows use the AVX2 kernel above: it streams the bf16
-    weights once and accumulates in float32, so verifying 8 draft tokens costs little more than
-    decoding one (torch's own bf16 matmul on CPUs without native bf16 costs ~linearly in rows),
-    and a row's result does not depend on the batch. More rows (long prefills) widen the weight
-    to float32 and use torch's GEMM. Without the kernel: torch bf16 for one row, widened
-    weights for several.
+    activations, up to ``kernel_max_rows`` rows use the AVX2 kernel (`CpuOps.linear`): it
+    streams the bf16 weights once and accumulates in float32, so verifying 8 draft tokens costs
+    little more than decoding one (torch's bf16 matmul on CPUs without native bf16 costs about
+    linearly in rows), and a row's result does not depend on the batch. More rows (long
+    prefills) widen the weight to float32 for torch's GEMM. Without the kernel: torch bf16 for
+    one row, widened weights for several.
     """
 
-    def __init__(self, weight_dtype: torch.dtype, compute_dtype: torch.dtype, device: torch.device,
-                 use_kernel: bool = True, kernel_max_rows: int = 64):
+    def __init__(self, weight_dtype: torch.dtype, compute_dtype: torch.dtype,
+                 ops: CpuOps | None = None, kernel_max_rows: int = 48):
         self.weight_dtype, self.compute_dtype = weight_dtype, compute_dtype
-        self.kernel = None
-        if (use_kernel and device.type == "cpu" and weight_dtype == torch.bfloat16
-                and compute_dtype == torch.float32):
-            self.kernel = bf16_kernel()
-        self.kernel_max_rows = kernel_max_rows
         self.mixed = weight_dtype != compute_dtype
+        self.ops = ops if (self.mixed and weight_dtype == torch.bfloat16
+                           and compute_dtype == torch.float32) else None
+        self.kernel_max_rows = kernel_max_rows
 
-    def __call__(self, x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
-        if not self.mixed:
-            return F.linear(x, w, b)
+    def __call__(self, x: Tensor, w: Tensor, b: Tensor | None = None,
+                 residual: Tensor | None = None) -> Tensor:
         rows, k = x.shape
-        if self.kernel is not None and rows <= self.kernel_max_rows and k % 8 == 0:
-            x = x.contiguous()
-            y = torch.empty(rows, w.shape[0], dtype=torch.float32)
-            self.kernel(x.data_ptr(), w.data_ptr(), y.data_ptr(), rows, w.shape[0], k,
-                        torch.get_num_threads())
+        if self.ops is not None and rows <= self.kernel_max_rows and k % 8 == 0:
+            if b is None:
+                return self.ops.linear(x.contiguous(), w, residual)
+            y = self.ops.linear(x.contiguous(), w) + b
+        elif not self.mixed:
+            y = F.linear(x, w, b)
         elif rows == 1:
             y = F.linear(x.to(w.dtype), w).to(self.compute_dtype)
+            y = y if b is None else y + b
         else:
-            y = F.linear(x, w.to(self.compute_dtype))
-        return y if b is None else y + b
+            y = F.linear(x, w.to(self.compute_dtype), b)
+        return y if residual is None else residual + y
 
 
 class Block(nn.Module):
@@ -316,7 +514,6 @@ class Block(nn.Module):
         cfg = self.cfg
         n = x.shape[0] // bsz
         h, kvh, hd, eps = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps
-        groups = h // kvh
         qkv = mm(rms_norm(x, w["attn_norm"], eps), w["wqkv"], w["bqkv"])
         qk = qkv[:, :(h + kvh) * hd].view(bsz, n, h + kvh, hd)
         v = qkv[:, (h + kvh) * hd:].view(bsz, n, kvh, hd)
@@ -328,18 +525,44 @@ class Block(nn.Module):
         k_cache[:bsz, :, start_pos:end] = qk[:, :, h:].transpose(1, 2)
         v_cache[:bsz, :, start_pos:end] = v.transpose(1, 2)
         q = qk[:, :, :h].to(k_cache.dtype)
-        if n == 1:
-            q = q.view(bsz, kvh, groups, hd)
-        else:
-            q = q.view(bsz, n, kvh, groups, hd).permute(0, 2, 3, 1, 4).reshape(bsz, kvh, groups * n, hd)
-        attn = F.scaled_dot_product_attention(
-            q, k_cache[:bsz, :, :end], v_cache[:bsz, :, :end], attn_mask=mask)
-        if n > 1:
-            attn = attn.view(bsz, kvh, groups, n, hd).permute(0, 3, 1, 2, 4)
-        x = x + mm(attn.reshape(bsz * n, h * hd).to(x.dtype), w["wo"])
+        attn = _grouped_attention(q, k_cache[:bsz, :, :end], v_cache[:bsz, :, :end], mask)
+        x = mm(attn.reshape(bsz * n, h * hd).to(x.dtype), w["wo"], residual=x)
         gate_up = mm(rms_norm(x, w["mlp_norm"], eps), w["w_gate_up"])
         inter = cfg.intermediate_size
-        return x + mm(F.silu(gate_up[:, :inter]) * gate_up[:, inter:], w["w_down"])
+        return mm(F.silu(gate_up[:, :inter]) * gate_up[:, inter:], w["w_down"], residual=x)
+
+    def forward_cpu(self, x: Tensor, rope: Tensor, start_pos: int, mask: Tensor | None,
+                    w: dict[str, Tensor | None], k_cache: Tensor, v_cache: Tensor, mm: Matmul,
+                    ops: CpuOps) -> Tensor:
+        """`forward` for one float32 sequence on CPU, with the fused `CpuOps` helpers
+        (``rope``: `Transformer.rope` viewed as real (cos, sin) pairs)."""
+        cfg = self.cfg
+        n = x.shape[0]
+        h, kvh, hd, eps = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps
+        qkv = mm(ops.rms_norm(x, w["attn_norm"], eps), w["wqkv"], w["bqkv"]).contiguous()
+        ops.rope_store(qkv, rope, start_pos, h, kvh, hd, k_cache, v_cache)
+        if n <= 32:
+            attn = ops.attend(qkv, k_cache, v_cache, start_pos, h, kvh, hd)
+        else:  # long prefill chunks: torch's attention is the faster one there
+            end = start_pos + n
+            q = qkv[:, :h * hd].view(1, n, h, hd)
+            attn = _grouped_attention(q, k_cache[:1, :, :end], v_cache[:1, :, :end], mask)
+            attn = attn.reshape(n, h * hd)
+        x = mm(attn, w["wo"], residual=x)
+        gate_up = mm(ops.rms_norm(x, w["mlp_norm"], eps), w["w_gate_up"])
+        return mm(ops.silu_mul(gate_up), w["w_down"], residual=x)
+
+
+def _grouped_attention(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> Tensor:
+    """Causal GQA attention of ``q[B, n, heads, D]`` over ``keys/values[B, kv_heads, T, D]``,
+    returned as ``[B, n, heads, D]``. The query heads that share a kv head are stacked along the
+    query axis (``mask`` is ``[groups * n, T]``), so keys and values are never expanded."""
+    bsz, n, heads, dim = q.shape
+    kv_heads = keys.shape[1]
+    groups = heads // kv_heads
+    q = q.view(bsz, n, kv_heads, groups, dim).permute(0, 2, 3, 1, 4).reshape(bsz, kv_heads, groups * n, dim)
+    out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+    return out.view(bsz, kv_heads, groups, n, dim).permute(0, 3, 1, 2, 4)
 
 
 _MATRICES = ("wqkv", "wo", "w_gate_up", "w_down")
@@ -369,9 +592,13 @@ class Transformer(nn.Module):
         self.norm = nn.Parameter(torch.ones(cfg.hidden_size, **kw), requires_grad=False)
         self.lm_head = (self.embed if cfg.tie_word_embeddings else
                         nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size, **kw), requires_grad=False))
-        self.matmul = Matmul(dtype, compute_dtype, self.device, use_kernel=cpu_kernel)
+        on_cpu = self.device.type == "cpu" and compute_dtype == torch.float32
+        ops = cpu_ops() if cpu_kernel and on_cpu else None
+        self.matmul = Matmul(dtype, compute_dtype, ops)
+        self.ops = ops if ops is not None and _fits_cpu_ops(cfg) else None
         self.layer_weights: list[dict[str, Tensor | None]] = []
         self.rope = torch.empty(0, dtype=torch.complex64)
+        self.rope_pairs = torch.empty(0)
         self.caches: list[tuple[Tensor, Tensor]] = []
         self.max_batch = max_batch
         self.max_seq_len = 0
@@ -463,6 +690,7 @@ class Transformer(nn.Module):
         """(Re)allocate the KV cache for ``max_batch`` sequences of ``max_seq_len`` tokens."""
         if max_seq_len > self.rope.shape[0]:
             self.rope = rope_frequencies(self.cfg, max_seq_len, self.device)
+            self.rope_pairs = torch.view_as_real(self.rope).contiguous()
         self.max_batch, self.max_seq_len = max_batch, max_seq_len
         shape = (max_batch, self.cfg.num_kv_heads, max_seq_len, self.cfg.head_dim)
         self.caches = [
@@ -482,10 +710,10 @@ class Transformer(nn.Module):
         clone.dtype, clone.device, clone.compute_dtype = self.dtype, self.device, self.compute_dtype
         clone.embed, clone.norm, clone.lm_head = self.embed, self.norm, self.lm_head
         clone.layers = nn.ModuleList(self.layers[:num_layers])
-        clone.matmul = self.matmul
+        clone.matmul, clone.ops = self.matmul, self.ops
         clone.layer_weights = self.layer_weights[:num_layers]
         clone.final_norm = self.final_norm
-        clone.rope = self.rope
+        clone.rope, clone.rope_pairs = self.rope, self.rope_pairs
         clone.caches = []
         clone.max_seq_len = 0
         clone.allocate_cache(self.max_batch, self.max_seq_len)
@@ -510,16 +738,32 @@ class Transformer(nn.Module):
         if bsz > self.max_batch:
             raise ValueError(f"batch of {bsz} exceeds max_batch={self.max_batch}")
         x = F.embedding(tokens.reshape(-1), self.embed).to(self.compute_dtype)
-        freqs = self.rope[start_pos:end, None, :]
         mask = None
         if n > 1:
             groups = self.cfg.num_heads // self.cfg.num_kv_heads
             key_pos = torch.arange(end, device=self.device)
             query_pos = torch.arange(start_pos, end, device=self.device)
             mask = (key_pos[None, :] <= query_pos[:, None]).repeat(groups, 1)
-        for layer, w, (k_cache, v_cache) in zip(self.layers, self.layer_weights, self.caches):
-            x = layer(x, freqs, start_pos, bsz, mask, w, k_cache, v_cache, self.matmul)
+        layers = zip(self.layers, self.layer_weights, self.caches)
+        ops = self.ops if bsz == 1 else None
+        if ops is not None:
+            for layer, w, (k_cache, v_cache) in layers:
+                x = layer.forward_cpu(x, self.rope_pairs, start_pos, mask, w, k_cache, v_cache,
+                                      self.matmul, ops)
+        else:
+            freqs = self.rope[start_pos:end, None, :]
+            for layer, w, (k_cache, v_cache) in layers:
+                x = layer(x, freqs, start_pos, bsz, mask, w, k_cache, v_cache, self.matmul)
         keep = n if logits_for == "all" else (1 if logits_for == "last" else int(logits_for))
         x = x.view(bsz, n, -1)[:, n - keep:].reshape(bsz * keep, -1)
-        logits = self.matmul(rms_norm(x, self.final_norm, self.cfg.rms_norm_eps), self.lm_head)
-        return logits.view(bsz, keep, -1).float()
+        if ops is not None:
+            x = ops.rms_norm(x.contiguous(), self.final_norm, self.cfg.rms_norm_eps)
+        else:
+            x = rms_norm(x, self.final_norm, self.cfg.rms_norm_eps)
+        return self.matmul(x, self.lm_head).view(bsz, keep, -1).float()
+
+
+def _fits_cpu_ops(cfg: LlamaConfig) -> bool:
+    """Whether the fused CPU helpers cover this architecture (else plain torch ops run)."""
+    return (not cfg.qk_norm and cfg.head_dim % 8 == 0 and cfg.hidden_size % 8 == 0
+            and cfg.intermediate_size % 8 == 0)

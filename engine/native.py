@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import os
 import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
@@ -48,17 +48,22 @@ from .proposers.suffix import SuffixProposer
 from .tokenizer import ChatTokenizer, StopStringMatcher
 
 SPECULATION_KINDS = ("suffix", "ngram", "draft")
+log = logging.getLogger(__name__)
 
 
 # ------------------------------------------------------------------------------ adaptive k
 
 class StepCosts:
-    """Measured seconds of one target forward over n tokens, interpolated between samples."""
+    """Seconds of one target forward over n tokens: measured at start-up, refreshed from the
+    forwards the engine actually runs (so load and context length show), interpolated between
+    the sizes seen."""
 
-    def __init__(self, seconds_by_n: dict[int, float]):
+    def __init__(self, seconds_by_n: dict[int, float], smoothing: float = 0.1):
         if 1 not in seconds_by_n:
             raise ValueError("step costs need a measurement for n=1")
-        self.points = sorted(seconds_by_n.items())
+        self.seconds = dict(seconds_by_n)
+        self.smoothing = smoothing
+        self.points = sorted(self.seconds.items())
 
     def __call__(self, n: int) -> float:
         pts = self.points
@@ -67,13 +72,24 @@ class StepCosts:
         for (n0, s0), (n1, s1) in itertools.pairwise(pts):
             if n <= n1:
                 return s0 + (s1 - s0) * (n - n0) / (n1 - n0)
-        (n0, s0), (n1, s1) = pts[-2] if len(pts) > 1 else pts[-1], pts[-1]
-        slope = (s1 - s0) / (n1 - n0) if n1 != n0 else s1
-        return s1 + slope * (n - n1)
+        if len(pts) == 1:
+            return pts[0][1] * n
+        (n0, s0), (n1, s1) = pts[-2], pts[-1]
+        return s1 + (s1 - s0) / (n1 - n0) * (n - n1)
+
+    def observe(self, n: int, seconds: float) -> None:
+        """Fold in one forward's time (outliers above 3x the estimate count as 3x)."""
+        old = self.seconds.get(n)
+        if old is None:
+            self.seconds[n] = min(seconds, 3 * self(n))
+        else:
+            self.seconds[n] = (1 - self.smoothing) * old + self.smoothing * min(seconds, 3 * old)
+        self.points = sorted(self.seconds.items())
 
     @classmethod
-    def measure(cls, model: Transformer, max_n: int, context: int = 128, repeats: int = 3) -> "StepCosts":
-        """Time forwards over n = 1, 2, 3, 4, 6, 8, 12, 16, ... tokens (best of ``repeats``)."""
+    def measure(cls, model: Transformer, max_n: int, context: int = 128, repeats: int = 5) -> "StepCosts":
+        """Time forwards over n = 1, 2, 3, 4, 6, 8, 12, 16, ... tokens (best of ``repeats``;
+        a size that measured slower than a larger one is capped at the larger one's time)."""
         sizes = sorted({n for n in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32) if n <= max_n} | {max_n})
         context = max(0, min(context, model.max_seq_len - max_n - 1))
         device = model.device
@@ -90,47 +106,64 @@ class StepCosts:
                 _sync(device)
                 best = min(best, time.perf_counter() - t)
             costs[n] = best
+        for n, m in zip(reversed(sizes[:-1]), reversed(sizes[1:])):
+            costs[n] = min(costs[n], costs[m])
         return cls(costs)
 
 
 class AdaptiveK:
     """Chooses the draft length k that maximises expected tokens per second.
 
-    Keeps a running (exponentially decayed) estimate of the acceptance rate at each draft
-    position given the earlier ones were accepted. Expected tokens of a step with k drafts:
-    ``1 + sum_j prod_{i<=j} a_i``; its cost: the target forward over k+1 tokens plus k draft
-    steps. When no k beats plain decoding, speculation is off, with a probe every
-    ``probe_every`` steps so the estimate can recover.
+    Keeps decayed counts of how often draft position i was accepted given positions < i were
+    (positions never reached yet inherit the deepest estimate: acceptance tends to grow along a
+    copied span). Expected tokens of a step with k drafts: ``1 + sum_j prod_{i<=j} a_i``; its
+    cost: the measured target forward over k+1 tokens plus k draft steps. When no k beats
+    plain decoding speculation is off, with a probe every ``probe_every`` steps so the
+    estimate can recover.
     """
 
     def __init__(self, costs: StepCosts, max_k: int, draft_cost_per_token: float = 0.0,
-                 prior: float = 0.6, decay: float = 0.85, probe_every: int = 24, probe_k: int = 4):
+                 prior: float = 0.6, decay: float = 0.9, probe_every: int = 24, probe_k: int = 4):
         self.costs = costs
         self.max_k = max_k
         self.draft_cost = draft_cost_per_token
-        self.accept = [prior] * max_k
+        self.prior = prior
         self.decay = decay
+        self.hits = [0.0] * max_k
+        self.seen = [0.0] * max_k
         self.probe_every = probe_every
         self.probe_k = min(probe_k, max_k)
         self._off_steps = 0
 
-    def expected_tokens(self, k: int) -> float:
+    @property
+    def accept(self) -> list[float]:
+        """Estimated acceptance of each draft position, given the earlier ones were accepted."""
+        rates, last = [], self.prior
+        for hits, seen in zip(self.hits, self.seen):
+            if seen >= 1.0:
+                last = (hits + self.prior) / (seen + 1.0)
+            rates.append(last)
+        return rates
+
+    def expected_tokens(self, k: int, accept: list[float] | None = None) -> float:
+        accept = self.accept if accept is None else accept
         total, chain = 1.0, 1.0
         for i in range(k):
-            chain *= self.accept[i]
+            chain *= accept[i]
             total += chain
         return total
 
-    def rate(self, k: int) -> float:
+    def rate(self, k: int, accept: list[float] | None = None) -> float:
         """Expected tokens per second with k drafts."""
-        return self.expected_tokens(k) / (self.costs(k + 1) + self.draft_cost * k)
+        return self.expected_tokens(k, accept) / (self.costs(k + 1) + self.draft_cost * k)
 
     def choose(self, limit: int) -> int:
         """The best k in ``0..min(limit, max_k)``."""
         limit = min(limit, self.max_k)
         if limit <= 0:
             return 0
-        best = max(range(limit + 1), key=self.rate)
+        accept = self.accept
+        best = max(range(limit + 1), key=lambda k: self.rate(k, accept))
         if best > 0:
             self._off_steps = 0
             return best
@@ -143,8 +176,8 @@ class AdaptiveK:
     def observe(self, drafted: int, accepted: int) -> None:
         """Fold in one verify step's outcome."""
         for i in range(min(drafted, accepted + 1)):
-            hit = 1.0 if i < accepted else 0.0
-            self.accept[i] = self.decay * self.accept[i] + (1 - self.decay) * hit
+            self.hits[i] = self.decay * self.hits[i] + (1.0 if i < accepted else 0.0)
+            self.seen[i] = self.decay * self.seen[i] + 1.0
 
 
 # --------------------------------------------------------------------------------- helpers
@@ -254,8 +287,9 @@ class NativeEngine(BaseEngine):
             ``lossy`` in the metrics.
         max_seq_len: KV cache length (prompt + output).
         seed: seeds requests whose params have no seed (a seeded engine is reproducible).
-        compile: reserved for a compiled decode step; the eager path is used (it measured
-            fastest on CPU). Accepted for API stability.
+        compile: accepted for API stability; the eager path always runs (on CPU, torch.compile
+            of the decode step measured no faster than eager + the fused CPU kernels, after an
+            80 s compile; see docs/engine.md).
         threads: torch CPU threads (default: torch's setting).
         prefix_cache: reuse the KV cache for the prompt prefix shared with the previous request.
     """
@@ -299,6 +333,8 @@ class NativeEngine(BaseEngine):
         self.fixed_k = None if num_speculative_tokens == "auto" else num_speculative_tokens
         self.max_k = max(1, self.fixed_k or max_speculative_tokens)
         self.compile = compile
+        if compile:
+            log.warning("NativeEngine(compile=True): no compiled path yet, running eager")
         self.prefix_cache = prefix_cache
         self.prefill_chunk = prefill_chunk
         self.proposer = self._make_proposer(speculation, draft_model, dtype)
@@ -331,7 +367,8 @@ class NativeEngine(BaseEngine):
             drafter = Transformer.from_pretrained(resolve(draft_model, dtype), dtype, self.device,
                                                   self.max_seq_len)
         if drafter.vocab_size != self.model.vocab_size:
-            raise ValueError(f"draft model vocab {drafter.vocab_size} != target vocab {self.model.vocab_size}")
+            raise ValueError(f"draft model vocabulary ({drafter.vocab_size}) differs from the "
+                             f"target's ({self.model.vocab_size})")
         return DraftModelProposer(drafter)
 
     # ------------------------------------------------------------------------ public API
@@ -395,7 +432,10 @@ class NativeEngine(BaseEngine):
         with torch.inference_mode():
             while (job := self._jobs.get()) is not None:
                 if isinstance(job, _Remember):
-                    self.proposer.remember(job.token_ids)
+                    try:
+                        self.proposer.remember(job.token_ids)
+                    except Exception:  # a drafter's corpus is an optimisation, never fatal
+                        log.exception("proposer %s failed to remember text", self.speculation)
                     continue
                 if job.cancelled.is_set():
                     continue
@@ -517,8 +557,10 @@ class NativeEngine(BaseEngine):
         metrics.verify_s += t2 - t1
         metrics.sample_s += t3 - t2
         metrics.record_step(len(drafted), accepted)
-        if policy is not None and drafted:
-            policy.observe(len(drafted), accepted)
+        if policy is not None:
+            policy.costs.observe(len(drafted) + 1, t2 - t1)
+            if drafted:
+                policy.observe(len(drafted), accepted)
         return drafted[:accepted] + [token]
 
     def _verify(self, drafted: list[int], draft: Draft, logits: torch.Tensor,

@@ -42,7 +42,8 @@ class ChatTokenizer:
     def vocab_size(self) -> int:
         return len(self.hf)
 
-    def encode_chat(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
+    def encode_chat(self, messages: Sequence[dict[str, str]],
+                    add_generation_prompt: bool = True) -> list[int]:
         """Token ids of ``messages`` rendered with the model's chat template."""
         if self.hf.chat_template is None:
             text = "".join(f"{m['role']}: {m['content']}\n" for m in messages)
