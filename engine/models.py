@@ -68,7 +68,8 @@ class ModelInfo:
     name: str
     dtype: str
     path: Path
-    size_bytes: int
+    size: int
+    """Bytes on disk."""
     ok: bool
     error: str | None = None
 
@@ -329,7 +330,7 @@ def list_models(cache_dir: str | os.PathLike | None = None, check: bool = True) 
             except CorruptModelError as exc:
                 ok, error = False, str(exc)
         infos.append(ModelInfo(name=path.parent.name, dtype=path.name, path=path,
-                               size_bytes=size, ok=ok, error=error))
+                               size=size, ok=ok, error=error))
     return infos
 
 

@@ -234,3 +234,12 @@ def test_cli_bad_spec_config_is_a_clear_error(bad):
         capture_output=True, text=True,
     )
     assert out.returncode == 2 and "--spec-config" in out.stderr
+
+
+def test_cli_models_list():
+    out = subprocess.run(
+        [sys.executable, "-m", "agentrt.cli", "models", "list"], capture_output=True, text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "smollm2-135m" in out.stdout and " ok " in out.stdout

@@ -48,7 +48,7 @@ def test_pull_is_cached_and_listed(pulled):
         info = infos[("smollm2-135m", dtype)]
         assert info.ok, info.error
         assert info.path == pulled[dtype]
-        assert 0.95 * expected_bytes < info.size_bytes < 1.1 * expected_bytes
+        assert 0.95 * expected_bytes < info.size < 1.1 * expected_bytes
 
     manifest = json.loads((pulled["bf16"] / models.MANIFEST).read_text())
     assert manifest["source"]["gguf_sha256"] == models.REGISTRY["smollm2-135m"].gguf_sha256
