@@ -429,9 +429,8 @@ def force_deep(x: Any, timeout: float | None = None) -> Any:
     return value
 
 
-def deps(x: Any) -> set[CallId]:
-    """The call ids of every call node ``x`` depends on (through deferred nodes too)."""
-    result: set[CallId] = set()
+def _walk(x: Any, descend: Callable[[Any], bool]):
+    """Every node ``x`` reaches once, descending into deferred nodes where ``descend`` says."""
     seen: set[int] = set()
     stack = _lazy_leaves(x)
     while stack:
@@ -439,24 +438,21 @@ def deps(x: Any) -> set[CallId]:
         if id(node) in seen:
             continue
         seen.add(id(node))
-        if type(node) is _CallNode:
-            result.add(node.call_id)
-        else:
+        yield node
+        if type(node) is not _CallNode and descend(node):
             stack.extend(node.inputs)
-    return result
+
+
+def deps(x: Any) -> set[CallId]:
+    """The call ids of every call node ``x`` depends on (through deferred nodes too)."""
+    return {node.call_id for node in _walk(x, lambda node: True) if type(node) is _CallNode}
 
 
 def _unfinished_calls(x: Any) -> tuple[list[_CallNode], bool]:
     """(pending call nodes ``x`` still waits for, whether some input can never arrive)."""
     pending: list[_CallNode] = []
     doomed = False
-    seen: set[int] = set()
-    stack = _lazy_leaves(x)
-    while stack:
-        node = stack.pop()
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
+    for node in _walk(x, lambda node: node.state == PENDING):
         if type(node) is _CallNode:
             if node.state == PENDING:
                 pending.append(node)
@@ -464,8 +460,6 @@ def _unfinished_calls(x: Any) -> tuple[list[_CallNode], bool]:
                 doomed = True
         elif node.state == FAILED:
             doomed = True
-        elif node.state == PENDING:
-            stack.extend(node.inputs)
     return pending, doomed
 
 
