@@ -47,11 +47,13 @@ class _Shadow:
     turn: int
     layout: list[tuple[int, int]]
     """(block index, first line) of each block in the shadow's code, in order."""
-    first_block: int
     local: dict[Any, EarlyCall] = field(default_factory=dict)
     occurrences: Counter = field(default_factory=Counter)
     launched: int = 0
-    done: bool = False
+
+    @property
+    def first_block(self) -> int:
+        return self.layout[0][0]
 
     def block_of(self, lineno: int | None) -> tuple[int, int | None]:
         """Map a line of the shadow's code to (block, line within the block)."""
@@ -77,7 +79,6 @@ class Speculator:
         self.speculatable = [t.name for t in registry if t.speculate]
         self._tg: anyio.abc.TaskGroup | None = None
         self._shadow: _Shadow | None = None
-        self._by_token: dict[str, _Shadow] = {}
         self._dirty = anyio.Event()
         self._turn = -1
         self._closed_blocks: list[str] = []
@@ -228,9 +229,8 @@ class Speculator:
             self._shadowed_code = ""
             self._dirty.set()
             return
-        shadow = _Shadow(handle, self._turn, layout, layout[0][0])
+        shadow = _Shadow(handle, self._turn, layout)
         self._shadow = shadow
-        self._by_token[handle.token] = shadow
         self.trace.emit("spec_peek", turn=self._turn, lines=code.count("\n"))
         await handle.post({"op": "shadow", "code": code, "speculatable": self.speculatable,
                            "cpu_s": SHADOW_CPU_S, "force_timeout": None})
@@ -238,19 +238,17 @@ class Speculator:
     async def _kill_shadow(self) -> None:
         shadow, self._shadow = self._shadow, None
         if shadow is not None:
-            self._by_token.pop(shadow.handle.token, None)
             with contextlib.suppress(Exception):
                 await shadow.handle.kill(wait=False)
 
     def _on_message(self, token: str, message: dict[str, Any]) -> None:
-        shadow = self._by_token.get(token)
-        if shadow is None or shadow is not self._shadow:
+        shadow = self._shadow
+        if shadow is None or shadow.handle.token != token:
             return  # a superseded shadow: ignore what it still says
         op = message.get("op")
         if op == "launch":
             self._on_launch(shadow, message)
         elif op == "shadow_done":
-            shadow.done = True
             if not message.get("pending"):
                 self._retract_unadopted(shadow)
 

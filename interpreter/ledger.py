@@ -132,11 +132,7 @@ class Ledger:
     def _pump(self) -> None:
         assert self._tg is not None, "Ledger used outside `async with`"
         while self._queue and self._fits(self._queue[0]):
-            call = self._queue.pop(0)
-            call.state = "running"
-            self._running += 1
-            self._running_bytes += call.arg_bytes
-            self._tg.start_soon(self._run, call)
+            self._start_now(self._queue[0])
 
     async def _run(self, call: EarlyCall) -> None:
         call.started_s = self._clock()
@@ -167,6 +163,7 @@ class Ledger:
         return None
 
     def _start_now(self, call: EarlyCall) -> None:
+        """Take a queued call out of the queue and run it (budgets are the caller's concern)."""
         assert self._tg is not None
         self._queue.remove(call)
         call.state = "running"
