@@ -109,7 +109,7 @@ def test_bf16_model_matches_float32_math_on_bf16_weights():
 
 
 def _ops_or_skip():
-    from agentrt.engine.llama import cpu_ops
+    from agentrt.engine.cpu_ops import cpu_ops
 
     ops = cpu_ops()
     if ops is None:

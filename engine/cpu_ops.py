@@ -1,0 +1,317 @@
+"""Compiled CPU helpers for the native engine's decode step (AVX2 + FMA, C via ctypes).
+
+On a CPU without native bf16 matmul, a 135M-parameter decode step is dominated by torch's
+per-op dispatch and by widening bf16 weights. These few C functions replace the hot ops: the
+bf16-weight matmul, RMSNorm, the SiLU gate, RoPE + KV-cache store and causal attention. The
+source is compiled once with gcc (``-O3 -mavx2 -mfma -fopenmp``) into the agentrt home and
+cached by content hash; where that is impossible (no AVX2, no gcc, ``AGENTRT_CPU_KERNEL=0``)
+`cpu_ops` returns None and plain torch ops run instead.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import math
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+log = logging.getLogger(__name__)
+
+_CPU_OPS_C = r"""
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+static inline __m256 load_bf16x8(const uint16_t *p) {
+    __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+
+static inline float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* y[i * ystride] = dot(w_row, x[i]) for R activation rows: the weight row is widened once per
+   8 values and used for all R rows (R accumulators live in registers). */
+#define DEFINE_DOT(R)                                                                   \
+    static void dot##R(const uint16_t *wr, const float *x, int64_t K, float *y,         \
+                       int64_t ystride) {                                               \
+        __m256 acc[R];                                                                  \
+        for (int i = 0; i < R; i++) acc[i] = _mm256_setzero_ps();                       \
+        for (int64_t k = 0; k < K; k += 8) {                                            \
+            const __m256 c = load_bf16x8(wr + k);                                       \
+            for (int i = 0; i < R; i++)                                                 \
+                acc[i] = _mm256_fmadd_ps(c, _mm256_loadu_ps(x + i * K + k), acc[i]);    \
+        }                                                                               \
+        for (int i = 0; i < R; i++) y[i * ystride] = hsum(acc[i]);                      \
+    }
+DEFINE_DOT(1) DEFINE_DOT(2) DEFINE_DOT(3) DEFINE_DOT(4) DEFINE_DOT(5) DEFINE_DOT(6)
+DEFINE_DOT(7) DEFINE_DOT(8) DEFINE_DOT(9) DEFINE_DOT(10) DEFINE_DOT(11) DEFINE_DOT(12)
+
+typedef void (*dot_fn)(const uint16_t *, const float *, int64_t, float *, int64_t);
+static const dot_fn DOTS[13] = {0, dot1, dot2, dot3, dot4, dot5, dot6,
+                                dot7, dot8, dot9, dot10, dot11, dot12};
+
+/* y[M, N] = x[M, K] (float32) . w[N, K]^T (bfloat16) (+ residual[M, N] if not NULL), with
+   K % 8 == 0. Weight rows stream once, in order (one sequential stream per thread);
+   activation rows go in chunks of <= 12. Every output is summed in the same order whatever M
+   is, so a row's result never depends on the rows batched with it. */
+void bf16_linear(const float *x, const uint16_t *w, float *y, const float *residual,
+                 int64_t M, int64_t N, int64_t K, int threads) {
+    const int64_t chunks = (M + 11) / 12, chunk = (M + chunks - 1) / chunks;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+        for (int64_t m0 = 0; m0 < M; m0 += chunk) {
+            const int64_t rows = M - m0 < chunk ? M - m0 : chunk;
+            DOTS[rows](w + n * K, x + m0 * K, K, y + m0 * N + n, N);
+        }
+    }
+    if (residual)
+        for (int64_t i = 0; i < M * N; i++) y[i] += residual[i];
+}
+
+/* exp(x) for 8 floats: range reduction to 2^n * e^r, |r| <= ln2/2, degree-6 polynomial
+   (relative error ~2e-7); inputs below -87 flush to 0. */
+static inline __m256 exp8(__m256 x) {
+    const __m256 lo = _mm256_set1_ps(-87.3f), hi = _mm256_set1_ps(88.7f);
+    x = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+/* y[m] = x[m] / sqrt(mean(x[m]^2) + eps) * w, for M rows of K (K % 8 == 0). */
+void rms_norm(const float *x, const float *w, float *y, int64_t M, int64_t K, float eps) {
+    for (int64_t m = 0; m < M; m++) {
+        const float *xr = x + m * K;
+        float *yr = y + m * K;
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t k = 0; k < K; k += 8) {
+            const __m256 v = _mm256_loadu_ps(xr + k);
+            acc = _mm256_fmadd_ps(v, v, acc);
+        }
+        const __m256 inv = _mm256_set1_ps(1.0f / sqrtf(hsum(acc) / (float)K + eps));
+        for (int64_t k = 0; k < K; k += 8)
+            _mm256_storeu_ps(yr + k, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(xr + k), inv),
+                                                   _mm256_loadu_ps(w + k)));
+    }
+}
+
+/* y[m, i] = silu(gu[m, i]) * gu[m, I + i] for gu [M, 2I] (I % 8 == 0). */
+void silu_mul(const float *gu, float *y, int64_t M, int64_t I) {
+    const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t i = 0; i < I; i += 8) {
+            const __m256 g = _mm256_loadu_ps(gu + m * 2 * I + i);
+            const __m256 u = _mm256_loadu_ps(gu + m * 2 * I + I + i);
+            const __m256 sig = _mm256_div_ps(one, _mm256_add_ps(one, exp8(_mm256_sub_ps(zero, g))));
+            _mm256_storeu_ps(y + m * I + i, _mm256_mul_ps(_mm256_mul_ps(g, sig), u));
+        }
+}
+
+/* Rotate the q and k heads of qkv [n, (H + 2 KV) * D] in place (adjacent pairs, rope[pos] holds
+   D/2 (cos, sin) pairs) and store k, v rows into the caches [KV, T, D] at start .. start+n-1. */
+void rope_store(float *qkv, const float *rope, int64_t start, int64_t n, int64_t H, int64_t KV,
+                int64_t D, float *k_cache, float *v_cache, int64_t T) {
+    const int64_t row = (H + 2 * KV) * D;
+    for (int64_t r = 0; r < n; r++) {
+        float *v = qkv + r * row;
+        const float *cs = rope + (start + r) * D;
+        for (int64_t head = 0; head < H + KV; head++) {
+            float *x = v + head * D;
+            for (int64_t i = 0; i < D; i += 2) {
+                const float a = x[i], b = x[i + 1], c = cs[i], s = cs[i + 1];
+                x[i] = a * c - b * s;
+                x[i + 1] = a * s + b * c;
+            }
+        }
+        for (int64_t j = 0; j < KV; j++) {
+            memcpy(k_cache + (j * T + start + r) * D, v + (H + j) * D, D * sizeof(float));
+            memcpy(v_cache + (j * T + start + r) * D, v + (H + KV + j) * D, D * sizeof(float));
+        }
+    }
+}
+
+/* Softmax attention of one query head qh [D] over keys/values [len, D] into out [D]. */
+static void attend_head(const float *qh, const float *keys, const float *vals, float *out,
+                        int64_t D, int64_t len, float scale) {
+    float *scores = (float *)malloc((size_t)(len + 8) * sizeof(float));
+    int64_t t = 0;
+    for (; t + 4 <= len; t += 4) {  /* four keys at a time: independent FMA chains */
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        const float *k0 = keys + t * D;
+        for (int64_t d = 0; d < D; d += 8) {
+            const __m256 qv = _mm256_loadu_ps(qh + d);
+            a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + d), a0);
+            a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + D + d), a1);
+            a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 2 * D + d), a2);
+            a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 3 * D + d), a3);
+        }
+        scores[t] = hsum(a0) * scale;
+        scores[t + 1] = hsum(a1) * scale;
+        scores[t + 2] = hsum(a2) * scale;
+        scores[t + 3] = hsum(a3) * scale;
+    }
+    for (; t < len; t++) {
+        __m256 a = _mm256_setzero_ps();
+        for (int64_t d = 0; d < D; d += 8)
+            a = _mm256_fmadd_ps(_mm256_loadu_ps(qh + d), _mm256_loadu_ps(keys + t * D + d), a);
+        scores[t] = hsum(a) * scale;
+    }
+    float best = -INFINITY;
+    for (t = 0; t < len; t++) best = scores[t] > best ? scores[t] : best;
+    __m256 total8 = _mm256_setzero_ps();
+    for (t = 0; t + 8 <= len; t += 8) {
+        const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(scores + t), _mm256_set1_ps(best)));
+        _mm256_storeu_ps(scores + t, e);
+        total8 = _mm256_add_ps(total8, e);
+    }
+    float total = hsum(total8);
+    for (; t < len; t++) {
+        scores[t] = expf(scores[t] - best);
+        total += scores[t];
+    }
+    const __m256 inv = _mm256_set1_ps(1.0f / total);
+    for (int64_t d0 = 0; d0 < D; d0 += 64) {  /* up to 8 output vectors in registers */
+        const int64_t width = D - d0 < 64 ? D - d0 : 64;
+        __m256 acc[8];
+        for (int j = 0; j < 8; j++) acc[j] = _mm256_setzero_ps();
+        for (int64_t u = 0; u < len; u++) {
+            const __m256 p = _mm256_set1_ps(scores[u]);
+            const float *vr = vals + u * D + d0;
+            for (int j = 0; j < 8; j++)
+                if (j * 8 < width) acc[j] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vr + j * 8), acc[j]);
+        }
+        for (int j = 0; j * 8 < width; j++)
+            _mm256_storeu_ps(out + d0 + j * 8, _mm256_mul_ps(acc[j], inv));
+    }
+    free(scores);
+}
+
+/* Causal attention for n query rows at positions start .. start+n-1 (row r sees keys
+   0 .. start+r): q row r, head h at q[r * q_stride + h * D]; out [n, H * D]; caches [KV, T, D];
+   query head h reads kv head h / (H / KV). D % 8 == 0. */
+void attend(const float *q, int64_t q_stride, const float *k_cache, const float *v_cache,
+            float *out, int64_t n, int64_t start, int64_t H, int64_t KV, int64_t D, int64_t T,
+            float scale, int threads) {
+    const int64_t groups = H / KV;
+#pragma omp parallel for num_threads(threads) schedule(static) if (n * H * (start + n) * D >= (1 << 17))
+    for (int64_t i = 0; i < n * H; i++) {
+        const int64_t r = i / H, h = i % H, kv = h / groups;
+        attend_head(q + r * q_stride + h * D, k_cache + kv * T * D, v_cache + kv * T * D,
+                    out + r * H * D + h * D, D, start + r + 1, scale);
+    }
+}
+"""
+
+
+class CpuOps:
+    """The compiled CPU helpers (AVX2 + FMA, built once with gcc and cached under the agentrt
+    home): the bf16 matmul and fused float32 RMSNorm, SiLU-gate, RoPE + cache store and
+    single-position attention. Each call replaces several small torch ops whose dispatch
+    overhead dominates a 135M-parameter decode step on CPU."""
+
+    def __init__(self, lib: ctypes.CDLL):
+        i64, ptr, f32, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
+        self._linear = self._fn(lib.bf16_linear, [ptr, ptr, ptr, ptr, i64, i64, i64, i32])
+        self._rms_norm = self._fn(lib.rms_norm, [ptr, ptr, ptr, i64, i64, f32])
+        self._silu_mul = self._fn(lib.silu_mul, [ptr, ptr, i64, i64])
+        self._rope_store = self._fn(lib.rope_store, [ptr, ptr, i64, i64, i64, i64, i64, ptr, ptr, i64])
+        self._attend = self._fn(lib.attend, [ptr, i64, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, f32, i32])
+
+    @staticmethod
+    def _fn(fn, argtypes):
+        fn.argtypes, fn.restype = argtypes, None
+        return fn
+
+    def linear(self, x: Tensor, w: Tensor, residual: Tensor | None = None) -> Tensor:
+        """``x[M, K] (float32) @ w[N, K]^T (bf16) (+ residual)``, float32 out."""
+        y = torch.empty(x.shape[0], w.shape[0])
+        self._linear(x.data_ptr(), w.data_ptr(), y.data_ptr(),
+                     None if residual is None else residual.data_ptr(),
+                     x.shape[0], w.shape[0], x.shape[1], torch.get_num_threads())
+        return y
+
+    def rms_norm(self, x: Tensor, w: Tensor, eps: float) -> Tensor:
+        y = torch.empty_like(x)
+        self._rms_norm(x.data_ptr(), w.data_ptr(), y.data_ptr(), x.shape[0], x.shape[1], eps)
+        return y
+
+    def silu_mul(self, gate_up: Tensor) -> Tensor:
+        rows, width = gate_up.shape
+        y = torch.empty(rows, width // 2)
+        self._silu_mul(gate_up.data_ptr(), y.data_ptr(), rows, width // 2)
+        return y
+
+    def rope_store(self, qkv: Tensor, rope: Tensor, start: int, heads: int, kv_heads: int,
+                   head_dim: int, k_cache: Tensor, v_cache: Tensor) -> None:
+        self._rope_store(qkv.data_ptr(), rope.data_ptr(), start, qkv.shape[0], heads, kv_heads,
+                         head_dim, k_cache.data_ptr(), v_cache.data_ptr(), k_cache.shape[-2])
+
+    def attend(self, qkv: Tensor, k_cache: Tensor, v_cache: Tensor, start: int,
+               heads: int, kv_heads: int, head_dim: int) -> Tensor:
+        """Causal attention of the n query rows in ``qkv[n, ...]`` (positions ``start ..``)."""
+        n = qkv.shape[0]
+        out = torch.empty(n, heads * head_dim)
+        self._attend(qkv.data_ptr(), qkv.stride(0), k_cache.data_ptr(), v_cache.data_ptr(),
+                     out.data_ptr(), n, start, heads, kv_heads, head_dim, k_cache.shape[-2],
+                     1.0 / math.sqrt(head_dim), torch.get_num_threads())
+        return out
+
+
+def _build_cpu_ops() -> CpuOps | None:
+    if os.environ.get("AGENTRT_CPU_KERNEL", "1") == "0":
+        return None
+    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+        return None
+    from .models import home
+
+    digest = hashlib.sha256(_CPU_OPS_C.encode()).hexdigest()[:16]
+    target = home() / "kernels" / f"cpu_ops-{digest}.so"
+    try:
+        if not target.is_file():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory() as tmp:
+                src, out = Path(tmp) / "cpu_ops.c", Path(tmp) / "cpu_ops.so"
+                src.write_text(_CPU_OPS_C)
+                subprocess.run(["gcc", "-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC",
+                                str(src), "-o", str(out), "-lm"], check=True, capture_output=True,
+                               timeout=120)
+                os.replace(out, target)
+        return CpuOps(ctypes.CDLL(str(target)))
+    except (OSError, subprocess.SubprocessError) as exc:
+        log.warning("CPU kernels unavailable (%s); using plain torch ops", exc)
+        return None
+
+
+_ops_cache: dict[str, CpuOps | None] = {}
+
+
+def cpu_ops() -> CpuOps | None:
+    """The compiled CPU helpers, or None where they cannot be built (no AVX2, no gcc, or
+    ``AGENTRT_CPU_KERNEL=0``)."""
+    if "ops" not in _ops_cache:
+        _ops_cache["ops"] = _build_cpu_ops()
+    return _ops_cache["ops"]
