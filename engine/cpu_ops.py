@@ -18,9 +18,13 @@ import os
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from .packed import PackedMatrix
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +80,94 @@ void bf16_linear(const float *x, const uint16_t *w, float *y, const float *resid
         for (int64_t m0 = 0; m0 < M; m0 += chunk) {
             const int64_t rows = M - m0 < chunk ? M - m0 : chunk;
             DOTS[rows](w + n * K, x + m0 * K, K, y + m0 * N + n, N);
+        }
+    }
+    if (residual)
+        for (int64_t i = 0; i < M * N; i++) y[i] += residual[i];
+}
+
+/* ---- weights kept in their GGUF blocks: Q4_1 (20 bytes per 32 weights: fp16 d, fp16 m, then
+   16 bytes where byte j holds weight j in its low nibble and weight j + 16 in its high one) and
+   Q8_0 (34 bytes: fp16 d, then 32 int8). A weight is d * q + m (Q4_1) or d * q (Q8_0) in
+   float32, computed as a product then a sum (built with -ffp-contract=off), optionally rounded
+   to bfloat16 like torch's cast: exactly the values of the checkpoint that was dequantised from
+   these blocks, at a third of the bytes to stream. */
+static inline float half_at(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+/* Round 8 floats to bfloat16 precision (nearest, ties to even), kept as floats. */
+static inline __m256 round_bf16x8(__m256 v) {
+    __m256i b = _mm256_castps_si256(v);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+    b = _mm256_add_epi32(b, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF)));
+    return _mm256_castsi256_ps(_mm256_and_si256(b, _mm256_set1_epi32((int)0xFFFF0000u)));
+}
+
+static inline void q4_1_block(const uint8_t *b, int rnd, __m256 w[4]) {
+    const __m256 d = _mm256_set1_ps(half_at(b)), m = _mm256_set1_ps(half_at(b + 2));
+    const __m128i raw = _mm_loadu_si128((const __m128i *)(b + 4)), low4 = _mm_set1_epi8(0x0F);
+    const __m128i lo = _mm_and_si128(raw, low4), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), low4);
+    const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+    for (int i = 0; i < 4; i++) {
+        const __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(parts[i]));
+        const __m256 v = _mm256_add_ps(_mm256_mul_ps(d, q), m);
+        w[i] = rnd ? round_bf16x8(v) : v;
+    }
+}
+
+static inline void q8_0_block(const uint8_t *b, int rnd, __m256 w[4]) {
+    const __m256 d = _mm256_set1_ps(half_at(b));
+    for (int i = 0; i < 4; i++) {
+        const __m128i raw = _mm_loadl_epi64((const __m128i *)(b + 2 + 8 * i));
+        const __m256 v = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(raw)));
+        w[i] = rnd ? round_bf16x8(v) : v;
+    }
+}
+
+/* Like dot##R, for one packed weight row: each block is widened once for all R rows, and every
+   output is accumulated in the same order as bf16_linear's, so results match it bit for bit. */
+#define DEFINE_PACKED_DOT(KIND, BYTES, R)                                                   \
+    static void KIND##_dot##R(const uint8_t *row, int rnd, const float *x, int64_t K,       \
+                              float *y, int64_t ystride) {                                  \
+        __m256 acc[R];                                                                     \
+        for (int i = 0; i < R; i++) acc[i] = _mm256_setzero_ps();                          \
+        for (int64_t k = 0; k < K; k += 32, row += BYTES) {                                \
+            __m256 w[4];                                                                   \
+            KIND##_block(row, rnd, w);                                                     \
+            for (int j = 0; j < 4; j++)                                                    \
+                for (int i = 0; i < R; i++)                                                \
+                    acc[i] = _mm256_fmadd_ps(w[j], _mm256_loadu_ps(x + i * K + k + 8 * j), acc[i]); \
+        }                                                                                  \
+        for (int i = 0; i < R; i++) y[i * ystride] = hsum(acc[i]);                         \
+    }
+#define DEFINE_PACKED_DOTS(KIND, BYTES)                                                     \
+    DEFINE_PACKED_DOT(KIND, BYTES, 1) DEFINE_PACKED_DOT(KIND, BYTES, 2)                     \
+    DEFINE_PACKED_DOT(KIND, BYTES, 3) DEFINE_PACKED_DOT(KIND, BYTES, 4)                     \
+    DEFINE_PACKED_DOT(KIND, BYTES, 5) DEFINE_PACKED_DOT(KIND, BYTES, 6)                     \
+    DEFINE_PACKED_DOT(KIND, BYTES, 7) DEFINE_PACKED_DOT(KIND, BYTES, 8)
+DEFINE_PACKED_DOTS(q4_1, 20)
+DEFINE_PACKED_DOTS(q8_0, 34)
+
+typedef void (*packed_dot_fn)(const uint8_t *, int, const float *, int64_t, float *, int64_t);
+static const packed_dot_fn PACKED_DOTS[2][9] = {
+    {0, q4_1_dot1, q4_1_dot2, q4_1_dot3, q4_1_dot4, q4_1_dot5, q4_1_dot6, q4_1_dot7, q4_1_dot8},
+    {0, q8_0_dot1, q8_0_dot2, q8_0_dot3, q8_0_dot4, q8_0_dot5, q8_0_dot6, q8_0_dot7, q8_0_dot8},
+};
+
+/* y[M, N] = x[M, K] . W^T (+ residual) for W [N, K] in blocks of kind 0 (Q4_1) or 1 (Q8_0),
+   rounded to bfloat16 when rnd != 0. K % 32 == 0. */
+void packed_linear(const float *x, const uint8_t *w, int kind, int rnd, float *y,
+                   const float *residual, int64_t M, int64_t N, int64_t K, int threads) {
+    const int64_t row_bytes = K / 32 * (kind == 0 ? 20 : 34);
+    const int64_t chunks = (M + 7) / 8, chunk = (M + chunks - 1) / chunks;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+        for (int64_t m0 = 0; m0 < M; m0 += chunk) {
+            const int64_t rows = M - m0 < chunk ? M - m0 : chunk;
+            PACKED_DOTS[kind][rows](w + n * row_bytes, rnd, x + m0 * K, K, y + m0 * N + n, N);
         }
     }
     if (residual)
@@ -227,6 +319,10 @@ void attend(const float *q, int64_t q_stride, const float *k_cache, const float 
 """
 
 
+_GCC_FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
+_PACKED_KINDS = {"q4_1": 0, "q8_0": 1}
+
+
 class CpuOps:
     """The compiled CPU helpers (AVX2 + FMA, built once with gcc and cached under the agentrt
     home): the bf16 matmul and fused float32 RMSNorm, SiLU-gate, RoPE + cache store and
@@ -239,6 +335,8 @@ class CpuOps:
         self._rms_norm = self._fn(lib.rms_norm, [ptr, ptr, ptr, i64, i64, f32])
         self._silu_mul = self._fn(lib.silu_mul, [ptr, ptr, i64, i64])
         self._rope_store = self._fn(lib.rope_store, [ptr, ptr, i64, i64, i64, i64, i64, ptr, ptr, i64])
+        self._packed_linear = self._fn(lib.packed_linear,
+                                       [ptr, ptr, i32, i32, ptr, ptr, i64, i64, i64, i32])
         self._attend = self._fn(lib.attend, [ptr, i64, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, f32, i32])
 
     @staticmethod
@@ -252,6 +350,17 @@ class CpuOps:
         self._linear(x.data_ptr(), w.data_ptr(), y.data_ptr(),
                      None if residual is None else residual.data_ptr(),
                      x.shape[0], w.shape[0], x.shape[1], torch.get_num_threads())
+        return y
+
+    def packed_linear(self, x: Tensor, w: "PackedMatrix", round_bf16: bool,
+                      residual: Tensor | None = None) -> Tensor:
+        """``x[M, K] (float32) @ W^T (+ residual)`` for W kept in GGUF blocks (`PackedMatrix`),
+        its values rounded to bfloat16 first when ``round_bf16``; float32 out."""
+        y = torch.empty(x.shape[0], w.out_features)
+        self._packed_linear(x.data_ptr(), w.blocks.data_ptr(), _PACKED_KINDS[w.kind],
+                            int(round_bf16), y.data_ptr(),
+                            None if residual is None else residual.data_ptr(),
+                            x.shape[0], w.out_features, w.in_features, torch.get_num_threads())
         return y
 
     def rms_norm(self, x: Tensor, w: Tensor, eps: float) -> Tensor:
@@ -288,7 +397,7 @@ def _build_cpu_ops() -> CpuOps | None:
         return None
     from .models import home
 
-    digest = hashlib.sha256(_CPU_OPS_C.encode()).hexdigest()[:16]
+    digest = hashlib.sha256((_CPU_OPS_C + " ".join(_GCC_FLAGS)).encode()).hexdigest()[:16]
     target = home() / "kernels" / f"cpu_ops-{digest}.so"
     try:
         if not target.is_file():
@@ -296,9 +405,8 @@ def _build_cpu_ops() -> CpuOps | None:
             with tempfile.TemporaryDirectory() as tmp:
                 src, out = Path(tmp) / "cpu_ops.c", Path(tmp) / "cpu_ops.so"
                 src.write_text(_CPU_OPS_C)
-                subprocess.run(["gcc", "-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC",
-                                str(src), "-o", str(out), "-lm"], check=True, capture_output=True,
-                               timeout=120)
+                subprocess.run(["gcc", *_GCC_FLAGS, str(src), "-o", str(out), "-lm"], check=True,
+                               capture_output=True, timeout=120)
                 os.replace(out, target)
         return CpuOps(ctypes.CDLL(str(target)))
     except (OSError, subprocess.SubprocessError) as exc:

@@ -26,7 +26,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from . import packed as packed_weights
 from .cpu_ops import CpuOps, cpu_ops
+from .packed import PackedMatrix
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -156,17 +158,25 @@ class Matmul:
     """
 
     def __init__(self, weight_dtype: torch.dtype, compute_dtype: torch.dtype,
-                 ops: CpuOps | None = None, kernel_max_rows: int = 48):
+                 ops: CpuOps | None = None, kernel_max_rows: int = 48, packed_max_rows: int = 3):
         self.weight_dtype, self.compute_dtype = weight_dtype, compute_dtype
         self.mixed = weight_dtype != compute_dtype
         self.ops = ops if (self.mixed and weight_dtype == torch.bfloat16
                            and compute_dtype == torch.float32) else None
         self.kernel_max_rows = kernel_max_rows
+        self.packed_max_rows = packed_max_rows
 
     def __call__(self, x: Tensor, w: Tensor, b: Tensor | None = None,
-                 residual: Tensor | None = None) -> Tensor:
+                 residual: Tensor | None = None, packed: PackedMatrix | None = None) -> Tensor:
+        """``packed``: the same matrix in GGUF blocks (bit-identical values, see
+        `agentrt.engine.packed`); used for up to ``packed_max_rows`` rows, where streaming
+        fewer bytes pays more than widening the blocks costs."""
         rows, k = x.shape
-        if self.ops is not None and rows <= self.kernel_max_rows and k % 8 == 0:
+        if packed is not None and self.ops is not None and rows <= self.packed_max_rows:
+            if b is None:
+                return self.ops.packed_linear(x.contiguous(), packed, True, residual)
+            y = self.ops.packed_linear(x.contiguous(), packed, True) + b
+        elif self.ops is not None and rows <= self.kernel_max_rows and k % 8 == 0:
             if b is None:
                 return self.ops.linear(x.contiguous(), w, residual)
             y = self.ops.linear(x.contiguous(), w) + b
@@ -241,7 +251,9 @@ class Block(nn.Module):
         cfg = self.cfg
         n = x.shape[0]
         h, kvh, hd, eps = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps
-        qkv = mm(ops.rms_norm(x, w["attn_norm"], eps), w["wqkv"], w["bqkv"]).contiguous()
+        p = w["packed"] or {}
+        qkv = mm(ops.rms_norm(x, w["attn_norm"], eps), w["wqkv"], w["bqkv"],
+                 packed=p.get("wqkv")).contiguous()
         ops.rope_store(qkv, rope, start_pos, h, kvh, hd, k_cache, v_cache)
         if n <= 32:
             attn = ops.attend(qkv, k_cache, v_cache, start_pos, h, kvh, hd)
@@ -250,9 +262,9 @@ class Block(nn.Module):
             q = qkv[:, :h * hd].view(1, n, h, hd)
             attn = _grouped_attention(q, k_cache[:1, :, :end], v_cache[:1, :, :end], mask)
             attn = attn.reshape(n, h * hd)
-        x = mm(attn, w["wo"], residual=x)
-        gate_up = mm(ops.rms_norm(x, w["mlp_norm"], eps), w["w_gate_up"])
-        return mm(ops.silu_mul(gate_up), w["w_down"], residual=x)
+        x = mm(attn, w["wo"], residual=x, packed=p.get("wo"))
+        gate_up = mm(ops.rms_norm(x, w["mlp_norm"], eps), w["w_gate_up"], packed=p.get("w_gate_up"))
+        return mm(ops.silu_mul(gate_up), w["w_down"], residual=x, packed=p.get("w_down"))
 
 
 def _grouped_attention(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> Tensor:
@@ -332,6 +344,8 @@ class Transformer(nn.Module):
             cfg = LlamaConfig(**{**cfg.__dict__, "tie_word_embeddings": True})
         model = cls(cfg, torch_dtype, device, max_seq_len, max_batch, compute_dtype, cpu_kernel)
         model.load_hf_state(tensors)
+        if model.ops is not None and model.matmul.ops is not None:
+            model.use_packed(packed_weights.load(path / packed_weights.PACKED_FILE))
         return model.eval()
 
     def load_hf_state(self, tensors: dict[str, Tensor]) -> None:
@@ -383,10 +397,50 @@ class Transformer(nn.Module):
 
         self.layer_weights = [
             {**{name: getattr(layer, name) for name in _MATRICES},
-             **{name: vec(getattr(layer, name)) for name in _VECTORS}}
+             **{name: vec(getattr(layer, name)) for name in _VECTORS},
+             "packed": None}
             for layer in self.layers
         ]
+        self.packed_head = None
         self.final_norm = vec(self.norm)
+
+    def use_packed(self, packed: dict[str, PackedMatrix]) -> int:
+        """Decode with GGUF blocks (see `agentrt.engine.packed`) where they reproduce this
+        model's weights bit for bit; returns how many matrices use them. Only the fused CPU
+        path (bf16 weights, float32 activations) reads them."""
+        if not packed or self.ops is None or self.matmul.ops is None:
+            return 0
+        hd = self.cfg.head_dim
+
+        def exact(matrix: PackedMatrix | None, dense: Tensor) -> PackedMatrix | None:
+            """``matrix`` if 64 of its rows, spread over it, equal ``dense``'s bit for bit
+            (the blocks were checked whole against the float32 weights when they were made;
+            this catches a wrong row order or a different checkpoint)."""
+            if matrix is None or dense.shape != (matrix.out_features, matrix.in_features):
+                return None
+            rows = torch.linspace(0, matrix.out_features - 1, 64).long().unique()
+            ok = torch.equal(matrix.rows(rows).dequantize().to(dense.dtype), dense[rows])
+            return matrix if ok else None
+
+        used = 0
+        for i, (layer, w) in enumerate(zip(self.layers, self.layer_weights)):
+            p = f"model.layers.{i}."
+            q, k, v = (packed.get(p + f"self_attn.{x}_proj.weight") for x in "qkv")
+            gate, up = packed.get(p + "mlp.gate_proj.weight"), packed.get(p + "mlp.up_proj.weight")
+            fused = {
+                "wqkv": None if None in (q, k, v) else packed_weights.cat_rows([
+                    q.rows(interleave_halves(torch.arange(q.out_features), hd)),
+                    k.rows(interleave_halves(torch.arange(k.out_features), hd)), v]),
+                "wo": packed.get(p + "self_attn.o_proj.weight"),
+                "w_gate_up": None if None in (gate, up) else packed_weights.cat_rows([gate, up]),
+                "w_down": packed.get(p + "mlp.down_proj.weight"),
+            }
+            checked = {name: exact(m, getattr(layer, name)) for name, m in fused.items()}
+            w["packed"] = {name: m for name, m in checked.items() if m is not None}
+            used += len(w["packed"])
+        head = "model.embed_tokens.weight" if self.cfg.tie_word_embeddings else "lm_head.weight"
+        self.packed_head = exact(packed.get(head), self.lm_head)
+        return used + (self.packed_head is not None)
 
     def allocate_cache(self, max_batch: int, max_seq_len: int) -> None:
         """(Re)allocate the KV cache for ``max_batch`` sequences of ``max_seq_len`` tokens."""
@@ -414,7 +468,7 @@ class Transformer(nn.Module):
         clone.layers = nn.ModuleList(self.layers[:num_layers])
         clone.matmul, clone.ops = self.matmul, self.ops
         clone.layer_weights = self.layer_weights[:num_layers]
-        clone.final_norm = self.final_norm
+        clone.final_norm, clone.packed_head = self.final_norm, self.packed_head
         clone.rope, clone.rope_pairs = self.rope, self.rope_pairs
         clone.caches = []
         clone.max_seq_len = 0
@@ -462,7 +516,8 @@ class Transformer(nn.Module):
             x = ops.rms_norm(x.contiguous(), self.final_norm, self.cfg.rms_norm_eps)
         else:
             x = rms_norm(x, self.final_norm, self.cfg.rms_norm_eps)
-        return self.matmul(x, self.lm_head).view(bsz, keep, -1).float()
+        logits = self.matmul(x, self.lm_head, packed=self.packed_head if ops is not None else None)
+        return logits.view(bsz, keep, -1).float()
 
 
 def _fits_cpu_ops(cfg: LlamaConfig) -> bool:

