@@ -1,30 +1,49 @@
-"""Engine benchmark: HF ``generate`` vs the native engine, plain and with each proposer.
+"""Engine benchmark: HF ``generate``, the native engine, vLLM and OpenAI-compatible servers.
 
-One run, same prompts, model and dtype, side by side. Systems are interleaved prompt by prompt
-(every system runs prompt 1, then every system runs prompt 2, ...), so a change in machine load
-hits them all alike. Greedy decoding throughout.
+One run, same prompts, side by side. Systems are interleaved prompt by prompt (every system runs
+prompt 1, then every system runs prompt 2, ...), so a change in machine load hits them all alike.
+Greedy decoding throughout.
 
-    python -m benchmarks.run engine [--dtype bf16] [--max-tokens 128] [--limit 4]
-                                    [--systems hf,hf-lookup,plain,ngram,suffix,draft]
+    python -m benchmarks.run engine [--engine native|vllm|openai] [--dtype bf16]
+                                    [--max-tokens 128] [--limit 4] [--sets chat,copy_heavy]
+                                    [--systems hf,hf-lookup,plain,ngram,suffix,draft,vllm,...]
+                                    [--spec-config JSON] [--base-url URL] [--served-model NAME]
 
-Decode speed is ``(new tokens) / (time after the first token)``; prefill (time to first token)
-is reported apart. Prompt sets live in ``benchmarks/prompts/*.jsonl``. Results go to
-``benchmarks/results/engine-<time>.{json,md}``. ``--synthetic`` measures only the model's forward
-speed on random weights of the same shape (for machines without the pulled model).
+``--engine`` picks the default systems (``--systems`` overrides them):
+
+- ``native`` (default): ``hf, hf-lookup, plain, ngram, suffix, draft``; ``--spec-config`` holds
+  extra `NativeEngine` options for the speculative systems, e.g. ``{"num_speculative_tokens": 6}``;
+- ``vllm``: ``plain, vllm, vllm-spec`` (native plain next to vLLM eager, and vLLM with its
+  ``speculative_config`` = ``--spec-config``, by default n-gram with k=4); needs vLLM importable
+  (on CPU: the .venv-vllm virtualenv from ``bash .ci/vllm-venv.sh``);
+- ``openai``: ``openai``, an `OpenAIEngine` at ``--base-url`` asking for ``--served-model``
+  (default: the first id of ``GET /v1/models``); the server decides its own speculation, whose
+  counters are read from its ``/metrics`` when it is vLLM.
+
+Decode speed is ``(new tokens - 1) / (time from the first to the last output delta)``; prefill
+(time to the first output delta) is reported apart. Engine systems are timed on their stream,
+all on one persistent asyncio event loop. "same as" compares the generated text with the
+reference system's (``plain`` if run, else ``vllm``). Prompt sets live in
+``benchmarks/prompts/*.jsonl``. Results go to ``benchmarks/results/engine-<time>.{json,md}``.
+``--synthetic`` measures only the model's forward speed on random weights of the same shape (for
+machines without the pulled model).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import inspect
 import json
 import os
 import platform
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -32,7 +51,19 @@ HERE = Path(__file__).resolve().parent
 PROMPT_DIR = HERE / "prompts"
 RESULTS_DIR = HERE / "results"
 PROMPT_SETS = ("agent_code", "chat", "copy_heavy")
-ALL_SYSTEMS = ("hf", "hf-lookup", "plain", "ngram", "suffix", "draft")
+ENGINES = ("native", "vllm", "openai")
+NATIVE_SYSTEMS = ("hf", "hf-lookup", "plain", "ngram", "suffix", "draft")
+VLLM_SYSTEMS = ("vllm", "vllm-spec")
+ALL_SYSTEMS = (*NATIVE_SYSTEMS, *VLLM_SYSTEMS, "openai")
+DEFAULT_SYSTEMS = {
+    "native": NATIVE_SYSTEMS,
+    "vllm": ("plain", "vllm", "vllm-spec"),
+    "openai": ("openai",),
+}
+DEFAULT_VLLM_SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
+                     "prompt_lookup_min": 2}
+SPEEDUP_BASES = ("plain", "hf", "hf-lookup", "vllm")
+REFERENCE_SYSTEMS = ("plain", "vllm")
 DESCRIPTIONS = {
     "hf": "transformers generate, greedy",
     "hf-lookup": "transformers generate, prompt_lookup_num_tokens=10",
@@ -40,7 +71,15 @@ DESCRIPTIONS = {
     "ngram": "native + n-gram prompt lookup",
     "suffix": "native + suffix automaton (cross-request corpus)",
     "draft": "native + layer-skip draft model",
+    "vllm": "vLLM AsyncLLM in process, eager, no speculation",
+    "vllm-spec": "vLLM AsyncLLM in process, eager, speculative_config",
+    "openai": "OpenAIEngine (chat API)",
 }
+_NATIVE_FIXED_OPTIONS = ("self", "model", "dtype", "device", "speculation", "threads")
+
+
+class BenchSetupError(Exception):
+    """The benchmark cannot start as asked (missing vLLM, unreachable server, ...)."""
 
 
 @dataclass
@@ -56,7 +95,23 @@ class Row:
     verify_steps: int = 0
     draft_tokens: int = 0
     accepted_tokens: int = 0
-    token_ids: list[int] | None = None
+    text: str = ""
+
+
+@dataclass
+class Plan:
+    """What to run, resolved and checked from the command line before anything loads."""
+
+    engine: str
+    systems: list[str]
+    sets: list[str]
+    native_options: dict[str, Any] = field(default_factory=dict)
+    """Extra `NativeEngine` options for the native speculative systems."""
+    vllm_spec_config: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_VLLM_SPEC))
+    spec_config: dict[str, Any] | None = None
+    """``--spec-config`` as given (after parsing), recorded in the results."""
+    base_url: str | None = None
+    served_model: str | None = None
 
 
 def load_prompts(sets: list[str], limit: int | None) -> list[tuple[str, dict]]:
@@ -82,6 +137,7 @@ class HFSystem:
             path, local_files_only=True, dtype=torch_dtype).to(device).eval()
         self.device = device
         self.lookup = lookup
+        self.eos_ids = _eos_ids(self.tokenizer.eos_token_id, self.model.generation_config.eos_token_id)
 
     def run(self, messages: list[dict], max_tokens: int) -> Row:
         from transformers.generation.streamers import BaseStreamer
@@ -109,32 +165,73 @@ class HFSystem:
         _sync(self.device)
         end = time.perf_counter()
         new = out[0, ids.shape[1]:].tolist()
-        eos = self.tokenizer.eos_token_id
-        tokens = new[:new.index(eos)] if eos in new else new
+        cut = next((i for i, t in enumerate(new) if t in self.eos_ids), len(new))
+        reply = self.tokenizer.decode(new[:cut], skip_special_tokens=True)
         first = clock.first or end
         return Row("", "", "", ids.shape[1], len(new), first - start, end - first, end - start,
-                   token_ids=tokens)
+                   text=reply)
+
+    def close(self) -> None:
+        """Nothing to release beyond the model's memory."""
 
 
-class NativeSystem:
-    """`NativeEngine` with one speculation setting."""
+class EngineSystem:
+    """Any `Engine` (native, vLLM, OpenAI-compatible), timed on its own stream.
 
-    def __init__(self, model: str, dtype: str, device: str, speculation: str | None, k, threads):
-        from agentrt.engine import NativeEngine
+    Prefill is the time to the first output delta, decode the time from there to the last output
+    delta; the token count is ``usage.completion_tokens``, the speculation counters come from the
+    final delta's `SpecMetrics` when the backend reports them. Every call runs on ``loop``, the
+    benchmark's one event loop (vLLM's `AsyncLLM` and `OpenAIEngine` bind to their first loop).
+    """
 
-        self.engine = NativeEngine(model=model, dtype=dtype, device=device, speculation=speculation,
-                                   num_speculative_tokens=k, threads=threads, max_seq_len=4096)
+    def __init__(self, engine, loop: asyncio.AbstractEventLoop):
+        self.engine = engine
+        self.loop = loop
 
     def run(self, messages: list[dict], max_tokens: int) -> Row:
-        from agentrt.engine import SamplingParams, complete
+        return self.loop.run_until_complete(self._measure(messages, max_tokens))
 
+    async def _measure(self, messages: list[dict], max_tokens: int) -> Row:
+        from agentrt.engine import EngineError, SamplingParams
+
+        parts: list[str] = []
+        first = last = None
+        final = None
         start = time.perf_counter()
-        out = asyncio.run(complete(self.engine, messages, SamplingParams(max_tokens=max_tokens)))
+        stream = self.engine.stream(messages, SamplingParams(max_tokens=max_tokens))
+        async with contextlib.aclosing(stream) as deltas:
+            async for delta in deltas:
+                now = time.perf_counter()
+                if delta.text or delta.token_ids:
+                    parts.append(delta.text)
+                    first = now if first is None else first
+                    last = now
+                if delta.finish_reason is not None:
+                    final = delta
         end = time.perf_counter()
-        m = out.metrics
-        return Row("", "", "", out.usage.prompt_tokens, m.generated_tokens, m.prefill_s,
-                   m.wall_s - m.prefill_s, end - start, m.verify_steps, m.draft_tokens,
-                   m.accepted_tokens, token_ids=list(out.token_ids))
+        if final is None or final.usage is None:
+            raise EngineError(f"{self.engine.name}: the stream ended without a final delta with usage")
+        first = first or end
+        last = last or end
+        m = final.metrics
+        return Row("", "", "", final.usage.prompt_tokens, final.usage.completion_tokens,
+                   first - start, last - first, end - start,
+                   m.verify_steps if m else 0, m.draft_tokens if m else 0,
+                   m.accepted_tokens if m else 0, text="".join(parts))
+
+    def close(self) -> None:
+        """Release the engine (its worker thread, engine process or HTTP connections)."""
+        self.loop.run_until_complete(self.engine.aclose())
+
+
+def _eos_ids(*values) -> set[int]:
+    ids: set[int] = set()
+    for value in values:
+        if isinstance(value, int):
+            ids.add(value)
+        elif value:
+            ids.update(int(v) for v in value)
+    return ids
 
 
 def _sync(device: str) -> None:
@@ -142,7 +239,171 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def build_system(system: str, plan: Plan, args, path: Path | None,
+                 loop: asyncio.AbstractEventLoop):
+    """Construct the runner for one system name."""
+    if system.startswith("hf"):
+        return HFSystem(path, args.dtype, args.device, 10 if system == "hf-lookup" else None)
+    if system in ("plain", "ngram", "suffix", "draft"):
+        from agentrt.engine import NativeEngine
+
+        k = args.k if args.k == "auto" else int(args.k)
+        options = {} if system == "plain" else {"num_speculative_tokens": k, **plan.native_options}
+        engine = NativeEngine(model=str(path), dtype=args.dtype, device=args.device,
+                              speculation=None if system == "plain" else system,
+                              threads=args.threads, **{"max_seq_len": 4096, **options})
+        return EngineSystem(engine, loop)
+    if system in VLLM_SYSTEMS:
+        from agentrt.engine.vllm_engine import VLLMEngine
+
+        spec = plan.vllm_spec_config if system == "vllm-spec" else None
+        engine = VLLMEngine(str(path), dtype=args.dtype, max_model_len=4096, speculative_config=spec)
+        return EngineSystem(engine, loop)
+    if system == "openai":
+        from agentrt.engine.openai_engine import OpenAIEngine
+
+        return EngineSystem(OpenAIEngine(plan.base_url, plan.served_model, timeout=300), loop)
+    raise ValueError(f"unknown system {system!r}")
+
+
+# ------------------------------------------------------------------------------- options
+
+def native_options(value: str) -> dict[str, Any]:
+    """Parse ``--spec-config`` for the native systems: extra `NativeEngine` keyword options.
+
+    ``value`` is a JSON object or a path to a JSON file. The speculation method is the system's
+    (``ngram``, ``suffix``, ``draft``), so ``method`` is refused, as is any name `NativeEngine`
+    does not take.
+    """
+    from agentrt.engine.native import NativeEngine
+
+    text = value.strip()
+    if not text.startswith("{"):
+        path = Path(text).expanduser()
+        if not path.is_file():
+            raise ValueError(f"--spec-config: {text!r} is neither JSON nor a JSON file")
+        text = path.read_text()
+    try:
+        options = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--spec-config is not valid JSON: {exc}") from None
+    if not isinstance(options, dict):
+        raise ValueError(f"--spec-config must be a JSON object, got {type(options).__name__}")
+    if "method" in options:
+        raise ValueError("--spec-config for --engine native takes NativeEngine options only; the "
+                         "method is the system's (ngram, suffix, draft): pick it with --systems")
+    known = set(inspect.signature(NativeEngine.__init__).parameters) - set(_NATIVE_FIXED_OPTIONS)
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ValueError(f"--spec-config: NativeEngine has no option {unknown}; "
+                         f"choose from {sorted(known)}")
+    return options
+
+
+def served_models(base_url: str, timeout: float = 10.0) -> list[str]:
+    """Model ids an OpenAI-compatible server lists at ``GET /v1/models``."""
+    import httpx
+
+    url = f"{server_root(base_url)}/v1/models"
+    try:
+        response = httpx.get(url, timeout=timeout)
+    except httpx.HTTPError as exc:
+        raise BenchSetupError(f"cannot reach {url}: {type(exc).__name__}: {exc}") from exc
+    if response.status_code != 200:
+        raise BenchSetupError(f"{url} answered HTTP {response.status_code}; "
+                              "pass the model name with --served-model")
+    try:
+        return [str(item["id"]) for item in response.json().get("data", [])]
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise BenchSetupError(f"{url} did not return a model list ({exc}); "
+                              "pass the model name with --served-model") from exc
+
+
+def server_root(base_url: str) -> str:
+    """``http://host:port`` for a server root or its ``/v1`` root."""
+    root = base_url.rstrip("/")
+    return root.removesuffix("/v1")
+
+
+def make_plan(args, parser: argparse.ArgumentParser) -> Plan:
+    """Check the options against each other; usage errors exit through ``parser.error``."""
+    from agentrt.engines import parse_spec_config
+
+    systems = [s for s in (args.systems or ",".join(DEFAULT_SYSTEMS[args.engine])).split(",") if s]
+    unknown = [s for s in systems if s not in ALL_SYSTEMS]
+    if unknown:
+        parser.error(f"unknown systems {unknown}; choose from {', '.join(ALL_SYSTEMS)}")
+    sets = [s for s in args.sets.split(",") if s]
+    missing = [s for s in sets if not (PROMPT_DIR / f"{s}.jsonl").is_file()]
+    if missing:
+        parser.error(f"unknown prompt sets {missing}; choose from {', '.join(PROMPT_SETS)}")
+    plan = Plan(engine=args.engine, systems=systems, sets=sets)
+
+    if "openai" in systems:
+        if not args.base_url:
+            parser.error("the openai system needs --base-url (e.g. http://127.0.0.1:8000/v1)")
+        plan.base_url = args.base_url
+        plan.served_model = args.served_model
+    elif args.base_url or args.served_model:
+        parser.error("--base-url and --served-model are for the openai system "
+                     "(--engine openai, or --systems ...,openai)")
+
+    if args.spec_config is not None:
+        if args.engine == "openai":
+            parser.error("--spec-config does not apply to --engine openai: the server decides its "
+                         "speculation (e.g. vLLM's --speculative-config when it starts)")
+        try:
+            if args.engine == "native":
+                plan.native_options = native_options(args.spec_config)
+                plan.spec_config = plan.native_options
+            else:
+                config = parse_spec_config(args.spec_config)
+                if config is None:
+                    parser.error("--spec-config for --engine vllm must describe a speculative "
+                                 "config (e.g. {\"method\": \"ngram\", ...})")
+                plan.vllm_spec_config = plan.spec_config = config
+        except ValueError as exc:
+            parser.error(str(exc))
+    elif args.engine == "vllm":
+        plan.spec_config = plan.vllm_spec_config
+    return plan
+
+
+def check_backends(plan: Plan) -> None:
+    """Fail fast, before any model loads: vLLM importable, the server reachable."""
+    if any(s in VLLM_SYSTEMS for s in plan.systems):
+        from agentrt.engine.vllm_engine import INSTALL_HINT, VLLMNotInstalled
+
+        try:
+            import vllm  # noqa: F401
+        except ImportError as exc:
+            raise BenchSetupError(str(VLLMNotInstalled(f"{INSTALL_HINT} ({exc})"))) from exc
+    if "openai" in plan.systems and plan.served_model is None:
+        models = served_models(plan.base_url)
+        if not models:
+            raise BenchSetupError(f"{server_root(plan.base_url)}/v1/models lists no model; "
+                                  "pass --served-model")
+        plan.served_model = models[0]
+
+
+def describe(system: str, plan: Plan) -> str:
+    """The Systems legend entry for ``system``."""
+    text = DESCRIPTIONS[system]
+    if system == "vllm-spec":
+        text += f" {json.dumps(plan.vllm_spec_config)}"
+    elif system == "openai":
+        text += f" at {plan.base_url}, model `{plan.served_model}` (the server's own speculation)"
+    elif system in ("ngram", "suffix", "draft") and plan.native_options:
+        text += f" {json.dumps(plan.native_options)}"
+    return text
+
+
 # ------------------------------------------------------------------------------- summary
+
+def reference_system(systems: list[str]) -> str | None:
+    """The system whose output the others are compared with."""
+    return next((s for s in REFERENCE_SYSTEMS if s in systems), None)
+
 
 def summarise(rows: list[Row], systems: list[str], sets: list[str]) -> dict:
     summary: dict = {}
@@ -167,42 +428,55 @@ def summarise(rows: list[Row], systems: list[str], sets: list[str]) -> dict:
                 "acceptance_rate": accepted / drafted if drafted else None,
             }
         for system, entry in per.items():
-            for base in ("plain", "hf", "hf-lookup"):
+            for base in SPEEDUP_BASES:
                 if base in per and per[base]["decode_tok_s"] > 0:
                     entry[f"speedup_vs_{base}"] = entry["decode_tok_s"] / per[base]["decode_tok_s"]
         summary[prompt_set] = per
-    plain = {(r.prompt_set, r.prompt_id): r.token_ids for r in rows if r.system == "plain"}
-    if plain:
+    reference = reference_system(systems)
+    texts = {(r.prompt_set, r.prompt_id): r.text for r in rows if r.system == reference}
+    if texts:
         for system in systems:
-            mine = [r for r in rows if r.system == system and (r.prompt_set, r.prompt_id) in plain]
+            mine = [r for r in rows if r.system == system and (r.prompt_set, r.prompt_id) in texts]
             if mine:
-                same = sum(r.token_ids == plain[(r.prompt_set, r.prompt_id)] for r in mine)
-                summary["all"].setdefault(system, {})["same_output_as_plain"] = f"{same}/{len(mine)}"
+                same = sum(r.text == texts[(r.prompt_set, r.prompt_id)] for r in mine)
+                summary["all"].setdefault(system, {})[f"same_output_as_{reference}"] = \
+                    f"{same}/{len(mine)}"
     return summary
 
 
 def markdown(summary: dict, meta: dict) -> str:
-    lines = [f"# Engine benchmark ({meta['time']})", "",
-             f"model `{meta['model']}` {meta['dtype']} on {meta['device']} ({meta['cpu']}, "
-             f"torch threads {meta['threads']}), max_tokens {meta['max_tokens']}, greedy.", ""]
+    setup = (f"model `{meta['model']}` {meta['dtype']} on {meta['device']} ({meta['cpu']}, "
+             f"torch threads {meta['threads']}), max_tokens {meta['max_tokens']}, greedy.")
+    lines = [f"# Engine benchmark ({meta['time']})", "", setup, ""]
+    if meta.get("vllm"):
+        env = " ".join(f"{k}={v}" for k, v in meta.get("vllm_cpu_env", {}).items())
+        lines += [f"vLLM {meta['vllm']}" + (f" ({env})." if env else "."), ""]
+    if meta.get("base_url"):
+        lines += [f"Endpoint {meta['base_url']}, served model `{meta['served_model']}`.", ""]
+    reference = meta.get("reference") or "plain"
+    bases = [("plain", "x plain"), ("hf", "x HF"), ("hf-lookup", "x HF lookup")]
+    if "vllm" in meta["systems"]:
+        bases.append(("vllm", "x vLLM"))
+    header = ["system", "decode tok/s", *(title for _, title in bases), "tau", "accept",
+              "prefill s", f"same as {reference}"]
+
+    def fmt(v, spec="{:.2f}"):
+        return "-" if v is None else spec.format(v)
+
     for prompt_set, per in summary.items():
-        lines += [f"## {prompt_set}", "",
-                  "| system | decode tok/s | x plain | x HF | x HF lookup | tau | accept "
-                  "| prefill s | same as plain |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+        lines += [f"## {prompt_set}", "", "| " + " | ".join(header) + " |",
+                  "|" + "---|" * len(header)]
         for system, e in per.items():
             if "decode_tok_s" not in e:
                 continue
-
-            def fmt(v, spec="{:.2f}"):
-                return "-" if v is None else spec.format(v)
-            lines.append(
-                f"| {system} | {e['decode_tok_s']:.1f} | {fmt(e.get('speedup_vs_plain'))} | "
-                f"{fmt(e.get('speedup_vs_hf'))} | {fmt(e.get('speedup_vs_hf-lookup'))} | "
-                f"{fmt(e['tau'])} | {fmt(e['acceptance_rate'])} | {e['mean_prefill_s']:.2f} | "
-                f"{e.get('same_output_as_plain', '-')} |")
+            cells = [system, f"{e['decode_tok_s']:.1f}",
+                     *(fmt(e.get(f"speedup_vs_{base}")) for base, _ in bases),
+                     fmt(e["tau"]), fmt(e["acceptance_rate"]), f"{e['mean_prefill_s']:.2f}",
+                     e.get(f"same_output_as_{reference}", "-")]
+            lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
-    lines += ["Systems: " + "; ".join(f"`{s}` = {DESCRIPTIONS[s]}" for s in meta["systems"]), ""]
+    lines += ["Systems: " + "; ".join(f"`{s}` = {meta['descriptions'][s]}" for s in meta["systems"]),
+              ""]
     return "\n".join(lines)
 
 
@@ -251,79 +525,116 @@ def _write(payload: dict, md: str, args) -> None:
 
 # ---------------------------------------------------------------------------------- main
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark; returns a process exit code."""
+def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, argparse.ArgumentParser]:
     parser = argparse.ArgumentParser(prog="benchmarks.run engine", description=__doc__.split("\n")[0])
-    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--engine", default="native", choices=ENGINES,
+                        help="which backends to compare; picks the default --systems")
+    parser.add_argument("--model", default="smollm2-135m", help="local model (name or directory)")
     parser.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"))
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--limit", type=int, default=None, help="prompts per set")
     parser.add_argument("--sets", default=",".join(PROMPT_SETS))
-    parser.add_argument("--systems", default=",".join(ALL_SYSTEMS))
+    parser.add_argument("--systems", default=None,
+                        help=f"comma-separated, from {', '.join(ALL_SYSTEMS)} (default: by --engine)")
+    parser.add_argument("--spec-config", default=None,
+                        help="JSON (or a JSON file): native -> extra NativeEngine options for the "
+                             "speculative systems; vllm -> vllm-spec's speculative_config")
+    parser.add_argument("--base-url", default=None, help="OpenAI-compatible server (openai system)")
+    parser.add_argument("--served-model", default=None,
+                        help="model name to request from --base-url (default: first of /v1/models)")
     parser.add_argument("--k", default="auto", help="'auto' (adaptive) or a fixed draft length")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--out", default=str(RESULTS_DIR))
     parser.add_argument("--synthetic", action="store_true", help="forward speed on random weights only")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv), parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark; returns a process exit code (2: it could not start as asked)."""
+    args, parser = parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.synthetic:
         return synthetic(args)
+    plan = make_plan(args, parser)
+    try:
+        check_backends(plan)
+    except BenchSetupError as exc:
+        print(f"engine bench: {exc}", file=sys.stderr)
+        return 2
 
-    from agentrt.engine import models
+    path = None
+    if any(s != "openai" for s in plan.systems):
+        from agentrt.engine import models
 
-    if args.model in models.REGISTRY:
-        path = models.ensure(args.model, args.dtype)
-    else:
-        path = models.resolve(args.model)
-    sets = [s for s in args.sets.split(",") if s]
-    systems = [s for s in args.systems.split(",") if s]
-    unknown = set(systems) - set(ALL_SYSTEMS)
-    if unknown:
-        parser.error(f"unknown systems {sorted(unknown)}; choose from {ALL_SYSTEMS}")
-    k = args.k if args.k == "auto" else int(args.k)
-    prompts = load_prompts(sets, args.limit)
-
-    runners = {}
-    for system in systems:
-        t = time.perf_counter()
-        if system.startswith("hf"):
-            runners[system] = HFSystem(path, args.dtype, args.device, 10 if system == "hf-lookup" else None)
+        if args.model in models.REGISTRY:
+            path = models.ensure(args.model, args.dtype)
         else:
-            spec = None if system == "plain" else system
-            runners[system] = NativeSystem(str(path), args.dtype, args.device, spec, k, args.threads)
-        print(f"loaded {system} in {time.perf_counter() - t:.1f}s", file=sys.stderr)
+            path = models.resolve(args.model, args.dtype)
+    prompts = load_prompts(plan.sets, args.limit)
+
+    loop = asyncio.new_event_loop()
+    runners: dict = {}
+    try:
+        for system in plan.systems:
+            t = time.perf_counter()
+            runners[system] = build_system(system, plan, args, path, loop)
+            print(f"loaded {system} in {time.perf_counter() - t:.1f}s", file=sys.stderr)
+        rows = run_all(runners, prompts, args.max_tokens)
+    finally:
+        close_all(runners, loop)
+
+    meta = {"time": time.strftime("%Y-%m-%d %H:%M:%S"), "engine": plan.engine, "model": args.model,
+            "dtype": args.dtype, "device": args.device,
+            "cpu": platform.processor() or platform.machine(),
+            "threads": torch.get_num_threads(), "max_tokens": args.max_tokens,
+            "systems": plan.systems, "reference": reference_system(plan.systems), "k": args.k,
+            "spec_config": plan.spec_config, "base_url": plan.base_url,
+            "served_model": plan.served_model, "torch": torch.__version__,
+            "descriptions": {s: describe(s, plan) for s in plan.systems}}
+    if any(s in VLLM_SYSTEMS for s in plan.systems):
+        import vllm
+
+        meta["vllm"] = vllm.__version__
+        meta["vllm_cpu_env"] = {k: v for k, v in sorted(os.environ.items()) if k.startswith("VLLM_CPU_")}
+    if args.device.startswith("cuda"):
+        meta["cpu"] = torch.cuda.get_device_name()
+    summary = summarise(rows, plan.systems, plan.sets)
+    md = markdown(summary, meta)
+    print(md)
+    _write({"meta": meta, "summary": summary, "rows": [asdict(r) for r in rows]}, md, args)
+    return 0
+
+
+def run_all(runners: dict, prompts: list[tuple[str, dict]], max_tokens: int) -> list[Row]:
+    """One warm-up per system, then every prompt on every system, interleaved."""
     warm = [{"role": "user", "content": "Say hello."}]
     for runner in runners.values():
         runner.run(warm, 8)
-
     rows: list[Row] = []
     for i, (prompt_set, prompt) in enumerate(prompts):
         for system, runner in runners.items():
-            row = runner.run(prompt["messages"], args.max_tokens)
+            row = runner.run(prompt["messages"], max_tokens)
             row.system, row.prompt_set, row.prompt_id = system, prompt_set, prompt["id"]
             rows.append(row)
             print(f"[{i + 1}/{len(prompts)}] {prompt['id']:10s} {system:10s} {row.new_tokens:4d} tok "
                   f"decode {max(row.new_tokens - 1, 0) / max(row.decode_s, 1e-9):6.1f} tok/s "
                   f"prefill {row.prefill_s:5.2f}s", file=sys.stderr)
+    return rows
 
-    meta = {"time": time.strftime("%Y-%m-%d %H:%M:%S"), "model": args.model, "dtype": args.dtype,
-            "device": args.device, "cpu": platform.processor() or platform.machine(),
-            "threads": torch.get_num_threads(), "max_tokens": args.max_tokens, "systems": systems,
-            "k": args.k, "torch": torch.__version__}
-    if args.device.startswith("cuda"):
-        meta["cpu"] = torch.cuda.get_device_name()
-    summary = summarise(rows, systems, sets)
-    md = markdown(summary, meta)
-    print(md)
-    rows_out = [{**asdict(r), "token_ids": None} for r in rows]
-    _write({"meta": meta, "summary": summary, "rows": rows_out}, md, args)
-    for runner in runners.values():
-        if isinstance(runner, NativeSystem):
-            runner.engine.close()
-    return 0
+
+def close_all(runners: dict, loop: asyncio.AbstractEventLoop) -> None:
+    """Close every runner (a failing one does not stop the others), then the event loop."""
+    for system, runner in runners.items():
+        try:
+            runner.close()
+        except Exception as exc:  # report, keep closing the rest
+            print(f"closing {system} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+    with contextlib.suppress(Exception):
+        loop.run_until_complete(loop.shutdown_asyncgens())
+    loop.close()
 
 
 if __name__ == "__main__":

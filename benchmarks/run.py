@@ -2,7 +2,8 @@
 
 Suites:
   patterns   tool speculation on the program-shape suite (sequential vs speculative)
-  engine     token speculation: HF generate vs the native engine with each proposer
+  engine     token speculation: HF generate, the native engine with each proposer, vLLM
+             and OpenAI-compatible servers (--engine native|vllm|openai)
 """
 
 from __future__ import annotations

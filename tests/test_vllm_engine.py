@@ -306,3 +306,51 @@ def test_draft_model_output_equals_plain_and_tau_above_one(model_dir, reference,
             f"acceptance {metrics.acceptance_rate:.2f}, "
             f"per position {[round(p, 2) for p in metrics.position_acceptance]}"
         )
+
+
+# ---------------------------------------------------------------------------- engine benchmark
+
+
+def _bench_results(out) -> dict:
+    (json_file,) = out.glob("engine-*.json")
+    return json.loads(json_file.read_text())
+
+
+@vllm
+def test_bench_runs_native_plain_next_to_vllm_eager_and_ngram(model_dir, tmp_path, capsys):
+    """`benchmarks.run engine --engine vllm`: three systems on one event loop of the bench's own."""
+    from benchmarks import engine_bench
+
+    code = engine_bench.main(["--engine", "vllm", "--dtype", "fp32", "--systems",
+                              "plain,vllm,vllm-spec", "--sets", "copy_heavy", "--limit", "1",
+                              "--max-tokens", "32", "--out", str(tmp_path)])
+    assert code == 0
+    results = _bench_results(tmp_path)
+    meta, per, rows = results["meta"], results["summary"]["all"], results["rows"]
+    assert meta["engine"] == "vllm" and meta["systems"] == ["plain", "vllm", "vllm-spec"]
+    assert meta["spec_config"] == NGRAM and meta["reference"] == "plain" and meta["vllm"]
+    for system in meta["systems"]:
+        assert per[system]["prompts"] == 1 and 0 < per[system]["new_tokens"] <= 32
+        assert per[system]["decode_tok_s"] > 0, per[system]
+    assert per["vllm"]["tau"] == 1.0
+    assert per["vllm-spec"]["tau"] > 1.0 and 0 < per["vllm-spec"]["acceptance_rate"] <= 1
+    text = {row["system"]: row["text"] for row in rows}
+    assert text["vllm-spec"] == text["vllm"] and text["plain"].strip()
+    with capsys.disabled():
+        print("\n" + next(tmp_path.glob("engine-*.md")).read_text().split("## all")[1])
+
+
+@vllm
+def test_bench_against_the_vllm_server_reads_its_speculation(server, tmp_path):
+    """`--engine openai`: the served model comes from /v1/models, tau from the server's /metrics."""
+    from benchmarks import engine_bench
+
+    code = engine_bench.main(["--engine", "openai", "--base-url", server.base_url + "/v1",
+                              "--sets", "copy_heavy", "--limit", "1", "--max-tokens", "32",
+                              "--out", str(tmp_path)])
+    assert code == 0
+    results = _bench_results(tmp_path)
+    assert results["meta"]["served_model"] == "smol"
+    entry = results["summary"]["all"]["openai"]
+    assert entry["decode_tok_s"] > 0 and entry["new_tokens"] == 32
+    assert entry["tau"] > 1.0 and entry["acceptance_rate"] > 0, entry
