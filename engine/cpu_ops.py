@@ -246,74 +246,130 @@ void rope_store(float *qkv, const float *rope, int64_t start, int64_t n, int64_t
     }
 }
 
-/* Softmax attention of one query head qh [D] over keys/values [len, D] into out [D]. */
-static void attend_head(const float *qh, const float *keys, const float *vals, float *out,
-                        int64_t D, int64_t len, float scale) {
-    float *scores = (float *)malloc((size_t)(len + 8) * sizeof(float));
-    int64_t t = 0;
-    for (; t + 4 <= len; t += 4) {  /* four keys at a time: independent FMA chains */
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        const float *k0 = keys + t * D;
-        for (int64_t d = 0; d < D; d += 8) {
-            const __m256 qv = _mm256_loadu_ps(qh + d);
-            a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + d), a0);
-            a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + D + d), a1);
-            a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 2 * D + d), a2);
-            a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 3 * D + d), a3);
-        }
-        scores[t] = hsum(a0) * scale;
-        scores[t + 1] = hsum(a1) * scale;
-        scores[t + 2] = hsum(a2) * scale;
-        scores[t + 3] = hsum(a3) * scale;
+/* The four sums of a0..a3's lanes, as one 4-float vector. */
+static inline __m128 hsum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
+    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+/* Attention of the G query heads that share one kv head (q [G, D], contiguous) over
+   keys/values [len, D]: each key and value row is loaded once for all G heads. Scores go to
+   s [G, len]; KB keys at a time keep G * KB dot products in registers. A head's arithmetic is
+   the same whatever G is (every G uses the same KB and CW), so heads can be grouped freely. */
+#define DEFINE_SCORES(G, KB)                                                                \
+    static void scores##G(const float *q, const float *keys, int64_t D, int64_t len,        \
+                          float scale, float *s) {                                          \
+        int64_t t = 0;                                                                     \
+        for (; t + KB <= len; t += KB) {                                                   \
+            __m256 acc[G][KB];                                                             \
+            for (int g = 0; g < G; g++)                                                    \
+                for (int j = 0; j < KB; j++) acc[g][j] = _mm256_setzero_ps();              \
+            for (int64_t d = 0; d < D; d += 8) {                                           \
+                __m256 qv[G];                                                              \
+                for (int g = 0; g < G; g++) qv[g] = _mm256_loadu_ps(q + g * D + d);        \
+                for (int j = 0; j < KB; j++) {                                             \
+                    const __m256 kv = _mm256_loadu_ps(keys + (t + j) * D + d);             \
+                    for (int g = 0; g < G; g++) acc[g][j] = _mm256_fmadd_ps(qv[g], kv, acc[g][j]); \
+                }                                                                          \
+            }                                                                              \
+            for (int g = 0; g < G; g++) {                                                  \
+                if (KB == 4) {                                                             \
+                    const __m128 v = _mm_mul_ps(hsum4(acc[g][0], acc[g][1 % KB], acc[g][2 % KB], \
+                                                      acc[g][3 % KB]), _mm_set1_ps(scale)); \
+                    _mm_storeu_ps(s + g * len + t, v);                                     \
+                } else {                                                                   \
+                    for (int j = 0; j < KB; j++) s[g * len + t + j] = hsum(acc[g][j]) * scale; \
+                }                                                                          \
+            }                                                                              \
+        }                                                                                  \
+        for (; t < len; t++) {                                                             \
+            __m256 acc[G];                                                                 \
+            for (int g = 0; g < G; g++) acc[g] = _mm256_setzero_ps();                      \
+            for (int64_t d = 0; d < D; d += 8) {                                           \
+                const __m256 kv = _mm256_loadu_ps(keys + t * D + d);                       \
+                for (int g = 0; g < G; g++)                                                \
+                    acc[g] = _mm256_fmadd_ps(_mm256_loadu_ps(q + g * D + d), kv, acc[g]);  \
+            }                                                                              \
+            for (int g = 0; g < G; g++) s[g * len + t] = hsum(acc[g]) * scale;             \
+        }                                                                                  \
     }
-    for (; t < len; t++) {
-        __m256 a = _mm256_setzero_ps();
-        for (int64_t d = 0; d < D; d += 8)
-            a = _mm256_fmadd_ps(_mm256_loadu_ps(qh + d), _mm256_loadu_ps(keys + t * D + d), a);
-        scores[t] = hsum(a) * scale;
+DEFINE_SCORES(1, 4) DEFINE_SCORES(2, 4) DEFINE_SCORES(3, 4) DEFINE_SCORES(4, 4)
+
+/* out [G, D] = s [G, len] . values [len, D] * inv[g], CW vectors of D at a time (D % (8 CW) == 0);
+   each output sums over t in order, whatever CW is. */
+#define DEFINE_MIX(G, CW)                                                                   \
+    static void mix##G(const float *s, int64_t len, const float *vals, int64_t D,           \
+                       const float *inv, float *out) {                                      \
+        for (int64_t d0 = 0; d0 < D; d0 += 8 * CW) {                                       \
+            __m256 acc[G][CW];                                                             \
+            for (int g = 0; g < G; g++)                                                    \
+                for (int c = 0; c < CW; c++) acc[g][c] = _mm256_setzero_ps();              \
+            for (int64_t t = 0; t < len; t++) {                                            \
+                __m256 v[CW];                                                              \
+                for (int c = 0; c < CW; c++) v[c] = _mm256_loadu_ps(vals + t * D + d0 + 8 * c); \
+                for (int g = 0; g < G; g++) {                                              \
+                    const __m256 p = _mm256_set1_ps(s[g * len + t]);                       \
+                    for (int c = 0; c < CW; c++) acc[g][c] = _mm256_fmadd_ps(p, v[c], acc[g][c]); \
+                }                                                                          \
+            }                                                                              \
+            for (int g = 0; g < G; g++)                                                    \
+                for (int c = 0; c < CW; c++)                                               \
+                    _mm256_storeu_ps(out + g * D + d0 + 8 * c,                             \
+                                     _mm256_mul_ps(acc[g][c], _mm256_set1_ps(inv[g])));    \
+        }                                                                                  \
     }
+#define mix1 mix1_8
+DEFINE_MIX(1, 8)
+#undef mix1
+DEFINE_MIX(1, 4) DEFINE_MIX(2, 4) DEFINE_MIX(3, 4) DEFINE_MIX(4, 2)
+
+typedef void (*scores_fn)(const float *, const float *, int64_t, int64_t, float, float *);
+typedef void (*mix_fn)(const float *, int64_t, const float *, int64_t, const float *, float *);
+static const scores_fn SCORES[5] = {0, scores1, scores2, scores3, scores4};
+static const mix_fn MIXES[5] = {0, mix1, mix2, mix3, mix4};
+
+/* Scores of a row -> exp(score - max) in place; returns 1 / sum. */
+static float softmax_row(float *s, int64_t len) {
     float best = -INFINITY;
-    for (t = 0; t < len; t++) best = scores[t] > best ? scores[t] : best;
+    for (int64_t t = 0; t < len; t++) best = s[t] > best ? s[t] : best;
     __m256 total8 = _mm256_setzero_ps();
-    for (t = 0; t + 8 <= len; t += 8) {
-        const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(scores + t), _mm256_set1_ps(best)));
-        _mm256_storeu_ps(scores + t, e);
+    int64_t t = 0;
+    for (; t + 8 <= len; t += 8) {
+        const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + t), _mm256_set1_ps(best)));
+        _mm256_storeu_ps(s + t, e);
         total8 = _mm256_add_ps(total8, e);
     }
     float total = hsum(total8);
     for (; t < len; t++) {
-        scores[t] = expf(scores[t] - best);
-        total += scores[t];
+        s[t] = expf(s[t] - best);
+        total += s[t];
     }
-    const __m256 inv = _mm256_set1_ps(1.0f / total);
-    for (int64_t d0 = 0; d0 < D; d0 += 64) {  /* up to 8 output vectors in registers */
-        const int64_t width = D - d0 < 64 ? D - d0 : 64;
-        __m256 acc[8];
-        for (int j = 0; j < 8; j++) acc[j] = _mm256_setzero_ps();
-        for (int64_t u = 0; u < len; u++) {
-            const __m256 p = _mm256_set1_ps(scores[u]);
-            const float *vr = vals + u * D + d0;
-            for (int j = 0; j < 8; j++)
-                if (j * 8 < width) acc[j] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vr + j * 8), acc[j]);
-        }
-        for (int j = 0; j * 8 < width; j++)
-            _mm256_storeu_ps(out + d0 + j * 8, _mm256_mul_ps(acc[j], inv));
-    }
-    free(scores);
+    return 1.0f / total;
 }
 
 /* Causal attention for n query rows at positions start .. start+n-1 (row r sees keys
    0 .. start+r): q row r, head h at q[r * q_stride + h * D]; out [n, H * D]; caches [KV, T, D];
-   query head h reads kv head h / (H / KV). D % 8 == 0. */
+   query heads h = kv * G .. kv * G + G - 1 (G = H / KV) read kv head kv. D % 32 == 0. A task
+   is one (kv head, row): its query heads go through together, up to 4 at a time (one at a time
+   when there are too few tasks for the threads), and a kv head's rows run in turn while its
+   keys and values are in cache. A row's result depends only on its own position, never on n. */
 void attend(const float *q, int64_t q_stride, const float *k_cache, const float *v_cache,
             float *out, int64_t n, int64_t start, int64_t H, int64_t KV, int64_t D, int64_t T,
             float scale, int threads) {
-    const int64_t groups = H / KV;
+    const int64_t groups = H / KV, per_task = n * KV >= 2 * threads ? 4 : 1;
+    const int64_t chunks = (groups + per_task - 1) / per_task;
 #pragma omp parallel for num_threads(threads) schedule(static) if (n * H * (start + n) * D >= (1 << 17))
-    for (int64_t i = 0; i < n * H; i++) {
-        const int64_t r = i / H, h = i % H, kv = h / groups;
-        attend_head(q + r * q_stride + h * D, k_cache + kv * T * D, v_cache + kv * T * D,
-                    out + r * H * D + h * D, D, start + r + 1, scale);
+    for (int64_t i = 0; i < KV * n * chunks; i++) {
+        const int64_t kv = i / (n * chunks), r = i / chunks % n, g0 = i % chunks * per_task;
+        const int64_t len = start + r + 1, h0 = kv * groups + g0;
+        const int G = groups - g0 < per_task ? (int)(groups - g0) : (int)per_task;
+        float *s = (float *)malloc((size_t)(4 * len + 8) * sizeof(float));
+        float inv[4];
+        SCORES[G](q + r * q_stride + h0 * D, k_cache + kv * T * D, D, len, scale, s);
+        for (int g = 0; g < G; g++) inv[g] = softmax_row(s + g * len, len);
+        (G == 1 && D % 64 == 0 ? mix1_8 : MIXES[G])(s, len, v_cache + kv * T * D, D, inv,
+                                                   out + r * H * D + h0 * D);
+        free(s);
     }
 }
 """
@@ -381,7 +437,11 @@ class CpuOps:
 
     def attend(self, qkv: Tensor, k_cache: Tensor, v_cache: Tensor, start: int,
                heads: int, kv_heads: int, head_dim: int) -> Tensor:
-        """Causal attention of the n query rows in ``qkv[n, ...]`` (positions ``start ..``)."""
+        """Causal attention of the n query rows in ``qkv[n, ...]`` (positions ``start ..``);
+        ``head_dim`` must be a multiple of 32."""
+        if head_dim % 32 or heads % kv_heads:
+            raise ValueError(f"attend needs head_dim % 32 == 0 and heads % kv_heads == 0, got "
+                             f"head_dim={head_dim}, heads={heads}, kv_heads={kv_heads}")
         n = qkv.shape[0]
         out = torch.empty(n, heads * head_dim)
         self._attend(qkv.data_ptr(), qkv.stride(0), k_cache.data_ptr(), v_cache.data_ptr(),

@@ -522,5 +522,5 @@ class Transformer(nn.Module):
 
 def _fits_cpu_ops(cfg: LlamaConfig) -> bool:
     """Whether the fused CPU helpers cover this architecture (else plain torch ops run)."""
-    return (not cfg.qk_norm and cfg.head_dim % 8 == 0 and cfg.hidden_size % 8 == 0
+    return (not cfg.qk_norm and cfg.head_dim % 32 == 0 and cfg.hidden_size % 8 == 0
             and cfg.intermediate_size % 8 == 0)

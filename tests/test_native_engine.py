@@ -145,7 +145,7 @@ def test_cpu_fused_ops_match_torch():
     ref = F.silu(gate_up[:, :48]) * gate_up[:, 48:]
     assert torch.allclose(ops.silu_mul(gate_up), ref, rtol=1e-5, atol=1e-5)
 
-    heads, kv_heads, dim, length, start = 6, 2, 16, 40, 37
+    heads, kv_heads, dim, length, start = 6, 2, 32, 40, 37
     rope = torch.polar(torch.ones(64, dim // 2), torch.rand(64, dim // 2, generator=gen) * 6)
     k_cache = torch.randn(1, kv_heads, 64, dim, generator=gen)
     v_cache = torch.randn(1, kv_heads, 64, dim, generator=gen)
