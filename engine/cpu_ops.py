@@ -412,6 +412,9 @@ class CpuOps:
                       residual: Tensor | None = None) -> Tensor:
         """``x[M, K] (float32) @ W^T (+ residual)`` for W kept in GGUF blocks (`PackedMatrix`),
         its values rounded to bfloat16 first when ``round_bf16``; float32 out."""
+        if x.dim() != 2 or x.shape[1] != w.in_features or not x.is_contiguous():
+            raise ValueError(f"packed_linear needs contiguous x [M, {w.in_features}], "
+                             f"got {tuple(x.shape)}")
         y = torch.empty(x.shape[0], w.out_features)
         self._packed_linear(x.data_ptr(), w.blocks.data_ptr(), _PACKED_KINDS[w.kind],
                             int(round_bf16), y.data_ptr(),

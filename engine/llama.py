@@ -428,11 +428,12 @@ class Transformer(nn.Module):
             q, k, v = (packed.get(p + f"self_attn.{x}_proj.weight") for x in "qkv")
             gate, up = packed.get(p + "mlp.gate_proj.weight"), packed.get(p + "mlp.up_proj.weight")
             fused = {
-                "wqkv": None if None in (q, k, v) else packed_weights.cat_rows([
+                "wqkv": None if any(m is None for m in (q, k, v)) else packed_weights.cat_rows([
                     q.rows(interleave_halves(torch.arange(q.out_features), hd)),
                     k.rows(interleave_halves(torch.arange(k.out_features), hd)), v]),
                 "wo": packed.get(p + "self_attn.o_proj.weight"),
-                "w_gate_up": None if None in (gate, up) else packed_weights.cat_rows([gate, up]),
+                "w_gate_up": (None if gate is None or up is None
+                              else packed_weights.cat_rows([gate, up])),
                 "w_down": packed.get(p + "mlp.down_proj.weight"),
             }
             checked = {name: exact(m, getattr(layer, name)) for name, m in fused.items()}

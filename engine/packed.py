@@ -35,7 +35,7 @@ _LAYER_NAMES = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class PackedMatrix:
     """A ``[out_features, in_features]`` matrix as rows of GGUF blocks (``blocks``: uint8
     ``[out_features, in_features // 32 * block bytes]``)."""
