@@ -116,11 +116,20 @@ class AdaptiveK:
 
     Keeps decayed counts of how often draft position i was accepted given positions < i were
     (positions never reached yet inherit the deepest estimate: acceptance tends to grow along a
-    copied span). Expected tokens of a step with k drafts: ``1 + sum_j prod_{i<=j} a_i``; its
+    copied span), separately per *bucket*: lookup drafters report how many tokens of context
+    their proposal matched, and a 1-token match is accepted far less often than an 8-token one
+    (`bucket_of`). Expected tokens of a step with k drafts: ``1 + sum_j prod_{i<=j} a_i``; its
     cost: the measured target forward over k+1 tokens plus k draft steps. When no k beats
-    plain decoding speculation is off, with a probe every ``probe_every`` steps so the
-    estimate can recover.
+    plain decoding speculation is off for that bucket, with a probe every ``probe_every``
+    steps so the estimate can recover.
     """
+
+    BUCKETS = 5
+
+    @staticmethod
+    def bucket_of(match_len: int) -> int:
+        """0: not a lookup (model drafts); 1, 2, 3: matched that many tokens; 4: four or more."""
+        return max(0, min(match_len, AdaptiveK.BUCKETS - 1))
 
     def __init__(self, costs: StepCosts, max_k: int, draft_cost_per_token: float = 0.0,
                  prior: float = 0.6, decay: float = 0.9, probe_every: int = 24, probe_k: int = 4):
@@ -129,24 +138,23 @@ class AdaptiveK:
         self.draft_cost = draft_cost_per_token
         self.prior = prior
         self.decay = decay
-        self.hits = [0.0] * max_k
-        self.seen = [0.0] * max_k
+        self.hits = [[0.0] * max_k for _ in range(self.BUCKETS)]
+        self.seen = [[0.0] * max_k for _ in range(self.BUCKETS)]
         self.probe_every = probe_every
         self.probe_k = min(probe_k, max_k)
-        self._off_steps = 0
+        self._off_steps = [0] * self.BUCKETS
 
-    @property
-    def accept(self) -> list[float]:
+    def accept(self, bucket: int = 0) -> list[float]:
         """Estimated acceptance of each draft position, given the earlier ones were accepted."""
         rates, last = [], self.prior
-        for hits, seen in zip(self.hits, self.seen):
+        for hits, seen in zip(self.hits[bucket], self.seen[bucket]):
             if seen >= 1.0:
                 last = (hits + self.prior) / (seen + 1.0)
             rates.append(last)
         return rates
 
     def expected_tokens(self, k: int, accept: list[float] | None = None) -> float:
-        accept = self.accept if accept is None else accept
+        accept = self.accept() if accept is None else accept
         total, chain = 1.0, 1.0
         for i in range(k):
             chain *= accept[i]
@@ -157,27 +165,28 @@ class AdaptiveK:
         """Expected tokens per second with k drafts."""
         return self.expected_tokens(k, accept) / (self.costs(k + 1) + self.draft_cost * k)
 
-    def choose(self, limit: int) -> int:
-        """The best k in ``0..min(limit, max_k)``."""
+    def choose(self, limit: int, bucket: int = 0) -> int:
+        """The best k in ``0..min(limit, max_k)`` for a draft of this bucket."""
         limit = min(limit, self.max_k)
         if limit <= 0:
             return 0
-        accept = self.accept
+        accept = self.accept(bucket)
         best = max(range(limit + 1), key=lambda k: self.rate(k, accept))
         if best > 0:
-            self._off_steps = 0
+            self._off_steps[bucket] = 0
             return best
-        self._off_steps += 1
-        if self._off_steps >= self.probe_every:
-            self._off_steps = 0
+        self._off_steps[bucket] += 1
+        if self._off_steps[bucket] >= self.probe_every:
+            self._off_steps[bucket] = 0
             return min(self.probe_k, limit)
         return 0
 
-    def observe(self, drafted: int, accepted: int) -> None:
+    def observe(self, drafted: int, accepted: int, bucket: int = 0) -> None:
         """Fold in one verify step's outcome."""
+        hits, seen = self.hits[bucket], self.seen[bucket]
         for i in range(min(drafted, accepted + 1)):
-            self.hits[i] = self.decay * self.hits[i] + (1.0 if i < accepted else 0.0)
-            self.seen[i] = self.decay * self.seen[i] + 1.0
+            hits[i] = self.decay * hits[i] + (1.0 if i < accepted else 0.0)
+            seen[i] = self.decay * seen[i] + 1.0
 
 
 # --------------------------------------------------------------------------------- helpers
@@ -540,11 +549,17 @@ class NativeEngine(BaseEngine):
         """One verify step from ``seq[pos]``: returns the accepted tokens plus the target's token."""
         produced = len(seq) - prompt_len  # output index of the token this step produces
         room = min(params.max_tokens - produced - 1, self.max_seq_len - pos - 1)
-        k = 0
-        if state is not None:
-            k = min(self.fixed_k, room) if policy is None else policy.choose(room)
         t0 = time.perf_counter()
-        draft = state.propose(k) if k > 0 else Draft([])
+        draft, k = Draft([]), 0
+        if state is not None and policy is None:
+            k = min(self.fixed_k, room)
+            draft = state.propose(k) if k > 0 else draft
+        elif state is not None and isinstance(self.proposer, DraftModelProposer):
+            k = policy.choose(room)  # model drafts cost a forward per token: choose k first
+            draft = state.propose(k) if k > 0 else draft
+        elif state is not None and room > 0:  # lookups are cheap: see the match, then choose k
+            draft = state.propose(min(room, self.max_k))
+            k = policy.choose(len(draft.tokens), AdaptiveK.bucket_of(draft.match_len))
         drafted = draft.tokens[:max(k, 0)]
         t1 = time.perf_counter()
         tokens = torch.tensor([[seq[pos], *drafted]], dtype=torch.long, device=self.device)
@@ -560,7 +575,7 @@ class NativeEngine(BaseEngine):
         if policy is not None:
             policy.costs.observe(len(drafted) + 1, t2 - t1)
             if drafted:
-                policy.observe(len(drafted), accepted)
+                policy.observe(len(drafted), accepted, AdaptiveK.bucket_of(draft.match_len))
         return drafted[:accepted] + [token]
 
     def _verify(self, drafted: list[int], draft: Draft, logits: torch.Tensor,

@@ -37,6 +37,17 @@ def test_continues_a_repeated_span(make):
 
 
 @pytest.mark.parametrize("make", PROPOSERS)
+def test_reports_how_much_context_the_proposal_matched(make):
+    # the sequence ends in "3 4 5 6", which occurred before: a 4-token match (at least)
+    state = make().begin([9, 3, 4, 5, 6, 7, 8, 1, 3, 4, 5, 6])
+    assert state.propose(2).match_len >= 4
+    state = make().begin([9, 6, 7, 8, 1, 2, 3, 6])  # only "6" repeats
+    draft = state.propose(2)
+    assert draft.tokens == [7, 8] or draft.tokens == []
+    assert draft.match_len == (1 if draft.tokens else 0)
+
+
+@pytest.mark.parametrize("make", PROPOSERS)
 def test_prefers_the_longest_then_most_recent_match(make):
     # "2" alone was last followed by 50, but the longer suffixes "1 2" / "9 1 2" last led to 40.
     prompt = [1, 2, 30, 9, 1, 2, 40, 9, 7, 2, 50, 9, 1, 2]
@@ -231,3 +242,21 @@ def test_proposing_on_a_20k_token_context_is_fast(make):
           f"propose+extend {step_us:.1f} us per call")
     assert drafted > 0
     assert propose_us < 5000  # coarse sanity bound only; the target is well under 1 ms
+
+
+def test_adaptive_k_learns_per_match_length():
+    from agentrt.engine.native import AdaptiveK, StepCosts
+
+    costs = StepCosts({1: 0.030, 2: 0.032, 4: 0.036, 8: 0.045, 16: 0.09})
+    policy = AdaptiveK(costs, max_k=12)
+    weak, strong = AdaptiveK.bucket_of(1), AdaptiveK.bucket_of(9)
+    assert (weak, strong) == (1, AdaptiveK.BUCKETS - 1) and AdaptiveK.bucket_of(0) == 0
+    for _ in range(30):
+        policy.observe(6, 0, weak)     # 1-token matches: never accepted
+        policy.observe(8, 8, strong)   # long matches: always accepted
+    assert policy.choose(12, weak) == 0
+    assert policy.choose(12, strong) >= 6
+    assert policy.choose(3, strong) == 3  # never more than the draft holds
+    # a bucket switched off probes again now and then, so its estimate can recover
+    picks = [policy.choose(12, weak) for _ in range(policy.probe_every)]
+    assert picks.count(0) == policy.probe_every - 1 and max(picks) > 0

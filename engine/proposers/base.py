@@ -17,6 +17,9 @@ class Draft:
     tokens: list[int]
     probs: torch.Tensor | None = None
     """``[len(tokens), V]`` draft distribution (model drafters only); ``None`` = deterministic."""
+    match_len: int = 0
+    """For lookup drafters: how many tokens of context the proposal matched (0 = not a lookup).
+    Longer matches are accepted more often; adaptive k keeps its estimates per match length."""
 
 
 @runtime_checkable

@@ -70,7 +70,7 @@ class NgramState:
         for n in range(min(self.max_n, len(tokens)), self.min_n - 1, -1):
             start = self._followers[n].get(tuple(tokens[-n:]))
             if start is not None:
-                return Draft(continue_from(tokens, start, k))
+                return Draft(continue_from(tokens, start, k), match_len=n)
         return Draft([])
 
     def end(self) -> None:

@@ -258,7 +258,7 @@ class SuffixState:
             else:
                 tokens = self._corpus.continuation(end, k)
             if tokens:
-                return Draft(tokens)
+                return Draft(tokens, match_len=matched)
         return Draft([])
 
     def end(self) -> None:
