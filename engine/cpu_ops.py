@@ -40,11 +40,29 @@ static inline __m256 load_bf16x8(const uint16_t *p) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
 }
 
+/* The four lane sums of a0..a3 as one vector, each ((l0 + l1) + (l2 + l3)) + ((l4 + l5) +
+   (l6 + l7)); hsum adds in the same order, so one output's value never depends on whether it
+   was reduced alone or four at a time. */
+static inline __m128 hsum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
+    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
 static inline float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
+    const __m256 h = _mm256_hadd_ps(v, v);
+    const __m256 t = _mm256_hadd_ps(h, h);
+    return _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
+}
+
+/* y[i * ystride] = lane sum of acc[i], four outputs per reduction. */
+static inline void store_sums(const __m256 *acc, int R, float *y, int64_t ystride) {
+    int i = 0;
+    for (; i + 4 <= R; i += 4) {
+        float out[4];
+        _mm_storeu_ps(out, hsum4(acc[i], acc[i + 1], acc[i + 2], acc[i + 3]));
+        for (int j = 0; j < 4; j++) y[(i + j) * ystride] = out[j];
+    }
+    for (; i < R; i++) y[i * ystride] = hsum(acc[i]);
 }
 
 /* y[i * ystride] = dot(w_row, x[i]) for R activation rows: the weight row is widened once per
@@ -59,7 +77,7 @@ static inline float hsum(__m256 v) {
             for (int i = 0; i < R; i++)                                                 \
                 acc[i] = _mm256_fmadd_ps(c, _mm256_loadu_ps(x + i * K + k), acc[i]);    \
         }                                                                               \
-        for (int i = 0; i < R; i++) y[i * ystride] = hsum(acc[i]);                      \
+        store_sums(acc, R, y, ystride);                                                 \
     }
 DEFINE_DOT(1) DEFINE_DOT(2) DEFINE_DOT(3) DEFINE_DOT(4) DEFINE_DOT(5) DEFINE_DOT(6)
 DEFINE_DOT(7) DEFINE_DOT(8) DEFINE_DOT(9) DEFINE_DOT(10) DEFINE_DOT(11) DEFINE_DOT(12)
@@ -141,7 +159,7 @@ static inline void q8_0_block(const uint8_t *b, int rnd, __m256 w[4]) {
                 for (int i = 0; i < R; i++)                                                \
                     acc[i] = _mm256_fmadd_ps(w[j], _mm256_loadu_ps(x + i * K + k + 8 * j), acc[i]); \
         }                                                                                  \
-        for (int i = 0; i < R; i++) y[i * ystride] = hsum(acc[i]);                         \
+        store_sums(acc, R, y, ystride);                                                    \
     }
 #define DEFINE_PACKED_DOTS(KIND, BYTES)                                                     \
     DEFINE_PACKED_DOT(KIND, BYTES, 1) DEFINE_PACKED_DOT(KIND, BYTES, 2)                     \
@@ -244,12 +262,6 @@ void rope_store(float *qkv, const float *rope, int64_t start, int64_t n, int64_t
             memcpy(v_cache + (j * T + start + r) * D, v + (H + KV + j) * D, D * sizeof(float));
         }
     }
-}
-
-/* The four sums of a0..a3's lanes, as one 4-float vector. */
-static inline __m128 hsum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
-    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
-    return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
 
 /* Attention of the G query heads that share one kv head (q [G, D], contiguous) over
