@@ -2,9 +2,9 @@
 
 On a CPU without native bf16 matmul, a 135M-parameter decode step is dominated by torch's
 per-op dispatch and by widening bf16 weights. These few C functions replace the hot ops: the
-bf16-weight matmul, RMSNorm, the SiLU gate, RoPE + KV-cache store and causal attention. The
-source is compiled once with gcc (``-O3 -mavx2 -mfma -fopenmp``) into the agentrt home and
-cached by content hash; where that is impossible (no AVX2, no gcc, ``AGENTRT_CPU_KERNEL=0``)
+bf16-weight matmul (and its twin reading GGUF blocks, see `agentrt.engine.packed`), RMSNorm,
+the SiLU gate, RoPE + KV-cache store and causal attention. The source is compiled once with gcc
+(``_GCC_FLAGS``) into the agentrt home and cached by content and flags; where that is impossible (no AVX2, no gcc, ``AGENTRT_CPU_KERNEL=0``)
 `cpu_ops` returns None and plain torch ops run instead.
 """
 
@@ -393,8 +393,8 @@ _PACKED_KINDS = {"q4_1": 0, "q8_0": 1}
 
 class CpuOps:
     """The compiled CPU helpers (AVX2 + FMA, built once with gcc and cached under the agentrt
-    home): the bf16 matmul and fused float32 RMSNorm, SiLU-gate, RoPE + cache store and
-    single-position attention. Each call replaces several small torch ops whose dispatch
+    home): the bf16 and GGUF-block matmuls and fused float32 RMSNorm, SiLU-gate, RoPE + cache
+    store and causal attention. Each call replaces several small torch ops whose dispatch
     overhead dominates a 135M-parameter decode step on CPU."""
 
     def __init__(self, lib: ctypes.CDLL):
