@@ -276,19 +276,9 @@ def native_options(value: str) -> dict[str, Any]:
     does not take.
     """
     from agentrt.engine.native import NativeEngine
+    from agentrt.engine.spec_config import read_json_object
 
-    text = value.strip()
-    if not text.startswith("{"):
-        path = Path(text).expanduser()
-        if not path.is_file():
-            raise ValueError(f"--spec-config: {text!r} is neither JSON nor a JSON file")
-        text = path.read_text()
-    try:
-        options = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"--spec-config is not valid JSON: {exc}") from None
-    if not isinstance(options, dict):
-        raise ValueError(f"--spec-config must be a JSON object, got {type(options).__name__}")
+    options = read_json_object(value)
     if "method" in options:
         raise ValueError("--spec-config for --engine native takes NativeEngine options only; the "
                          "method is the system's (ngram, suffix, draft): pick it with --systems")

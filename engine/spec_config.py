@@ -55,22 +55,29 @@ def parse_spec_config(value: str | Path | Mapping[str, Any] | None) -> dict[str,
         text = str(value).strip()
         if not text or text.lower() in ("none", "off", "null"):
             return None
-        if not text.startswith("{"):
-            path = Path(text).expanduser()
-            if not path.is_file():
-                raise ValueError(f"--spec-config: {text!r} is neither JSON nor a JSON file")
-            text = path.read_text()
-        try:
-            config = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"--spec-config is not valid JSON: {exc}") from None
-    if not isinstance(config, dict):
-        raise ValueError(f"--spec-config must be a JSON object, got {type(config).__name__}")
+        config = read_json_object(text)
     if "method" not in config and "model" not in config:
         raise ValueError(
             "--spec-config needs a 'method' (ngram, suffix, eagle3, mtp, draft_model, ...) or a "
             f"draft 'model'; got keys {sorted(config)}"
         )
+    return config
+
+
+def read_json_object(text: str, option: str = "--spec-config") -> dict[str, Any]:
+    """A JSON object given inline (``{...}``) or as the path of a JSON file."""
+    text = text.strip()
+    if not text.startswith("{"):
+        path = Path(text).expanduser()
+        if not path.is_file():
+            raise ValueError(f"{option}: {text!r} is neither JSON nor a JSON file")
+        text = path.read_text()
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{option} is not valid JSON: {exc}") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{option} must be a JSON object, got {type(config).__name__}")
     return config
 
 
