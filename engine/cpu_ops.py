@@ -310,8 +310,8 @@ DEFINE_SCORES(1, 4) DEFINE_SCORES(2, 4) DEFINE_SCORES(3, 4) DEFINE_SCORES(4, 4)
 /* out [G, D] = s [G, len] . values [len, D] * inv[g], CW vectors of D at a time (D % (8 CW) == 0);
    each output sums over t in order, whatever CW is. */
 #define DEFINE_MIX(G, CW)                                                                   \
-    static void mix##G(const float *s, int64_t len, const float *vals, int64_t D,           \
-                       const float *inv, float *out) {                                      \
+    static void mix##G##_##CW(const float *s, int64_t len, const float *vals, int64_t D,     \
+                              const float *inv, float *out) {                               \
         for (int64_t d0 = 0; d0 < D; d0 += 8 * CW) {                                       \
             __m256 acc[G][CW];                                                             \
             for (int g = 0; g < G; g++)                                                    \
@@ -330,15 +330,12 @@ DEFINE_SCORES(1, 4) DEFINE_SCORES(2, 4) DEFINE_SCORES(3, 4) DEFINE_SCORES(4, 4)
                                      _mm256_mul_ps(acc[g][c], _mm256_set1_ps(inv[g])));    \
         }                                                                                  \
     }
-#define mix1 mix1_8
-DEFINE_MIX(1, 8)
-#undef mix1
-DEFINE_MIX(1, 4) DEFINE_MIX(2, 4) DEFINE_MIX(3, 4) DEFINE_MIX(4, 2)
+DEFINE_MIX(1, 8) DEFINE_MIX(1, 4) DEFINE_MIX(2, 4) DEFINE_MIX(3, 4) DEFINE_MIX(4, 2)
 
 typedef void (*scores_fn)(const float *, const float *, int64_t, int64_t, float, float *);
 typedef void (*mix_fn)(const float *, int64_t, const float *, int64_t, const float *, float *);
 static const scores_fn SCORES[5] = {0, scores1, scores2, scores3, scores4};
-static const mix_fn MIXES[5] = {0, mix1, mix2, mix3, mix4};
+static const mix_fn MIXES[5] = {0, mix1_4, mix2_4, mix3_4, mix4_2};
 
 /* Scores of a row -> exp(score - max) in place; returns 1 / sum. */
 static float softmax_row(float *s, int64_t len) {
