@@ -109,19 +109,18 @@ def from_gguf(gguf_path: str | Path, state: dict[str, Tensor]) -> dict[str, Pack
             continue
         blocks = torch.from_numpy(source.data.copy()).reshape(dense.shape[0], -1)
         matrix = PackedMatrix(kind, blocks, dense.shape[1])
-        order = _row_order(matrix.dequantize(), dense)
-        if order is not None:
-            packed[name] = matrix if order is ... else matrix.rows(order)
+        values = matrix.dequantize()
+        if values.shape != dense.shape:
+            continue
+        if torch.equal(values, dense):
+            packed[name] = matrix
+        elif (order := _row_order(values, dense)) is not None:
+            packed[name] = matrix.rows(order)
     return packed
 
 
-def _row_order(values: Tensor, dense: Tensor):
-    """``...`` if ``values == dense``; else the row permutation that turns values into dense,
-    or None when there is none."""
-    if values.shape != dense.shape:
-        return None
-    if torch.equal(values, dense):
-        return ...
+def _row_order(values: Tensor, dense: Tensor) -> list[int] | None:
+    """The row permutation that turns ``values`` into ``dense``, or None when there is none."""
     where = {row.numpy().tobytes(): i for i, row in enumerate(values)}
     order = [where.get(row.numpy().tobytes()) for row in dense]
     return None if None in order else order
