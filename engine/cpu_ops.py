@@ -266,11 +266,12 @@ void rope_store(float *qkv, const float *rope, int64_t start, int64_t n, int64_t
 
 /* Attention of the G query heads that share one kv head (q [G, D], contiguous) over
    keys/values [len, D]: each key and value row is loaded once for all G heads. Scores go to
-   s [G, len]; KB keys at a time keep G * KB dot products in registers. A head's arithmetic is
-   the same whatever G is (every G uses the same KB and CW), so heads can be grouped freely. */
+   s[g * ss + t]; KB keys at a time keep G * KB dot products in registers. A score is its own
+   accumulator over d whatever G, KB and the key block are, so heads and keys can be grouped
+   freely. */
 #define DEFINE_SCORES(G, KB)                                                                \
     static void scores##G(const float *q, const float *keys, int64_t D, int64_t len,        \
-                          float scale, float *s) {                                          \
+                          float scale, float *s, int64_t ss) {                              \
         int64_t t = 0;                                                                     \
         for (; t + KB <= len; t += KB) {                                                   \
             __m256 acc[G][KB];                                                             \
@@ -288,9 +289,9 @@ void rope_store(float *qkv, const float *rope, int64_t start, int64_t n, int64_t
                 if (KB == 4) {                                                             \
                     const __m128 v = _mm_mul_ps(hsum4(acc[g][0], acc[g][1 % KB], acc[g][2 % KB], \
                                                       acc[g][3 % KB]), _mm_set1_ps(scale)); \
-                    _mm_storeu_ps(s + g * len + t, v);                                     \
+                    _mm_storeu_ps(s + g * ss + t, v);                                      \
                 } else {                                                                   \
-                    for (int j = 0; j < KB; j++) s[g * len + t + j] = hsum(acc[g][j]) * scale; \
+                    for (int j = 0; j < KB; j++) s[g * ss + t + j] = hsum(acc[g][j]) * scale; \
                 }                                                                          \
             }                                                                              \
         }                                                                                  \
@@ -302,47 +303,52 @@ void rope_store(float *qkv, const float *rope, int64_t start, int64_t n, int64_t
                 for (int g = 0; g < G; g++)                                                \
                     acc[g] = _mm256_fmadd_ps(_mm256_loadu_ps(q + g * D + d), kv, acc[g]);  \
             }                                                                              \
-            for (int g = 0; g < G; g++) s[g * len + t] = hsum(acc[g]) * scale;             \
+            for (int g = 0; g < G; g++) s[g * ss + t] = hsum(acc[g]) * scale;              \
         }                                                                                  \
     }
 DEFINE_SCORES(1, 4) DEFINE_SCORES(2, 4) DEFINE_SCORES(3, 4) DEFINE_SCORES(4, 4)
 
-/* out [G, D] = s [G, len] . values [len, D] * inv[g], CW vectors of D at a time (D % (8 CW) == 0);
-   each output sums over t in order, whatever CW is. */
+/* acc [G, D] += s[g * ss + t] * values [len, D] summed over t in order, CW vectors of D at a
+   time (D % (8 CW) == 0); acc is loaded and stored around the block, which leaves every sum
+   exactly as if it had stayed in registers. */
 #define DEFINE_MIX(G, CW)                                                                   \
-    static void mix##G##_##CW(const float *s, int64_t len, const float *vals, int64_t D,     \
-                              const float *inv, float *out) {                               \
+    static void mix##G##_##CW(const float *s, int64_t ss, int64_t len, const float *vals,    \
+                              int64_t D, float *acc_out) {                                  \
         for (int64_t d0 = 0; d0 < D; d0 += 8 * CW) {                                       \
             __m256 acc[G][CW];                                                             \
             for (int g = 0; g < G; g++)                                                    \
-                for (int c = 0; c < CW; c++) acc[g][c] = _mm256_setzero_ps();              \
+                for (int c = 0; c < CW; c++) acc[g][c] = _mm256_loadu_ps(acc_out + g * D + d0 + 8 * c); \
             for (int64_t t = 0; t < len; t++) {                                            \
                 __m256 v[CW];                                                              \
                 for (int c = 0; c < CW; c++) v[c] = _mm256_loadu_ps(vals + t * D + d0 + 8 * c); \
                 for (int g = 0; g < G; g++) {                                              \
-                    const __m256 p = _mm256_set1_ps(s[g * len + t]);                       \
+                    const __m256 p = _mm256_set1_ps(s[g * ss + t]);                        \
                     for (int c = 0; c < CW; c++) acc[g][c] = _mm256_fmadd_ps(p, v[c], acc[g][c]); \
                 }                                                                          \
             }                                                                              \
             for (int g = 0; g < G; g++)                                                    \
                 for (int c = 0; c < CW; c++)                                               \
-                    _mm256_storeu_ps(out + g * D + d0 + 8 * c,                             \
-                                     _mm256_mul_ps(acc[g][c], _mm256_set1_ps(inv[g])));    \
+                    _mm256_storeu_ps(acc_out + g * D + d0 + 8 * c, acc[g][c]);             \
         }                                                                                  \
     }
 DEFINE_MIX(1, 8) DEFINE_MIX(1, 4) DEFINE_MIX(2, 4) DEFINE_MIX(3, 4) DEFINE_MIX(4, 2)
 
-typedef void (*scores_fn)(const float *, const float *, int64_t, int64_t, float, float *);
-typedef void (*mix_fn)(const float *, int64_t, const float *, int64_t, const float *, float *);
+typedef void (*scores_fn)(const float *, const float *, int64_t, int64_t, float, float *, int64_t);
+typedef void (*mix_fn)(const float *, int64_t, int64_t, const float *, int64_t, float *);
 static const scores_fn SCORES[5] = {0, scores1, scores2, scores3, scores4};
 static const mix_fn MIXES[5] = {0, mix1_4, mix2_4, mix3_4, mix4_2};
 
 /* Scores of a row -> exp(score - max) in place; returns 1 / sum. */
 static float softmax_row(float *s, int64_t len) {
-    float best = -INFINITY;
-    for (int64_t t = 0; t < len; t++) best = s[t] > best ? s[t] : best;
-    __m256 total8 = _mm256_setzero_ps();
+    __m256 best8 = _mm256_set1_ps(-INFINITY);
     int64_t t = 0;
+    for (; t + 8 <= len; t += 8) best8 = _mm256_max_ps(best8, _mm256_loadu_ps(s + t));
+    __m128 best4 = _mm_max_ps(_mm256_castps256_ps128(best8), _mm256_extractf128_ps(best8, 1));
+    best4 = _mm_max_ps(best4, _mm_movehl_ps(best4, best4));
+    float best = _mm_cvtss_f32(_mm_max_ss(best4, _mm_shuffle_ps(best4, best4, 1)));
+    for (; t < len; t++) best = s[t] > best ? s[t] : best;
+    __m256 total8 = _mm256_setzero_ps();
+    t = 0;
     for (; t + 8 <= len; t += 8) {
         const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + t), _mm256_set1_ps(best)));
         _mm256_storeu_ps(s + t, e);
@@ -356,28 +362,63 @@ static float softmax_row(float *s, int64_t len) {
     return 1.0f / total;
 }
 
+#define KEY_BLOCK 64
+
 /* Causal attention for n query rows at positions start .. start+n-1 (row r sees keys
    0 .. start+r): q row r, head h at q[r * q_stride + h * D]; out [n, H * D]; caches [KV, T, D];
-   query heads h = kv * G .. kv * G + G - 1 (G = H / KV) read kv head kv. D % 32 == 0. A task
-   is one (kv head, row): its query heads go through together, up to 4 at a time (one at a time
-   when there are too few tasks for the threads), and a kv head's rows run in turn while its
-   keys and values are in cache. A row's result depends only on its own position, never on n. */
+   query heads h = kv * G .. kv * G + G - 1 (G = H / KV) read kv head kv. D % 32 == 0.
+   A task is one kv head for a chunk of rows (and, when rows are too few to keep the threads
+   busy, a chunk of its query heads): it walks the keys, then the values, KEY_BLOCK rows at a
+   time, and every row of the chunk uses a block while it is in L1, so a verify step reads
+   the cache about once per thread instead of once per row. A row's result depends only on
+   its own position, never on n or on the chunking. */
 void attend(const float *q, int64_t q_stride, const float *k_cache, const float *v_cache,
             float *out, int64_t n, int64_t start, int64_t H, int64_t KV, int64_t D, int64_t T,
             float scale, int threads) {
-    const int64_t groups = H / KV, per_task = n * KV >= 2 * threads ? 4 : 1;
-    const int64_t chunks = (groups + per_task - 1) / per_task;
+    const int64_t groups = H / KV;
+    const int64_t row_chunks_wanted = (2 * threads + KV - 1) / KV;
+    const int64_t row_chunks = n < row_chunks_wanted ? n : row_chunks_wanted;
+    const int64_t rows_per = (n + row_chunks - 1) / row_chunks;
+    const int64_t per_task = n * KV >= 2 * threads ? 4 : 1;
+    const int64_t head_chunks = (groups + per_task - 1) / per_task;
 #pragma omp parallel for num_threads(threads) schedule(static) if (n * H * (start + n) * D >= (1 << 17))
-    for (int64_t i = 0; i < KV * n * chunks; i++) {
-        const int64_t kv = i / (n * chunks), r = i / chunks % n, g0 = i % chunks * per_task;
-        const int64_t len = start + r + 1, h0 = kv * groups + g0;
+    for (int64_t i = 0; i < KV * row_chunks * head_chunks; i++) {
+        const int64_t kv = i / (row_chunks * head_chunks), r0 = i / head_chunks % row_chunks * rows_per;
+        const int64_t g0 = i % head_chunks * per_task, h0 = kv * groups + g0;
+        const int64_t rows = n - r0 < rows_per ? n - r0 : rows_per;
+        if (rows <= 0) continue;
         const int G = groups - g0 < per_task ? (int)(groups - g0) : (int)per_task;
-        float *s = (float *)malloc((size_t)(4 * len + 8) * sizeof(float));
-        float inv[4];
-        SCORES[G](q + r * q_stride + h0 * D, k_cache + kv * T * D, D, len, scale, s);
-        for (int g = 0; g < G; g++) inv[g] = softmax_row(s + g * len, len);
-        (G == 1 && D % 64 == 0 ? mix1_8 : MIXES[G])(s, len, v_cache + kv * T * D, D, inv,
-                                                   out + r * H * D + h0 * D);
+        const int64_t ss = start + r0 + rows + 8;  /* score stride: the longest row, padded */
+        const float *keys = k_cache + kv * T * D, *vals = v_cache + kv * T * D;
+        float *s = (float *)malloc((size_t)(rows * G * ss) * sizeof(float));
+        float *acc = (float *)calloc((size_t)(rows * G * D), sizeof(float));
+        const int64_t block = rows > 1 ? KEY_BLOCK : ss;  /* one row: nothing to share */
+        for (int64_t t0 = 0; t0 < start + r0 + rows; t0 += block)
+            for (int64_t r = 0; r < rows; r++) {
+                const int64_t len = start + r0 + r + 1 - t0;
+                if (len > 0)
+                    SCORES[G](q + (r0 + r) * q_stride + h0 * D, keys + t0 * D, D,
+                              len < block ? len : block, scale, s + r * G * ss + t0, ss);
+            }
+        float inv[rows * G];
+        for (int64_t j = 0; j < rows * G; j++) inv[j] = softmax_row(s + j * ss, start + r0 + j / G + 1);
+        const mix_fn mix = G == 1 && D % 64 == 0 ? mix1_8 : MIXES[G];
+        for (int64_t t0 = 0; t0 < start + r0 + rows; t0 += block)
+            for (int64_t r = 0; r < rows; r++) {
+                const int64_t len = start + r0 + r + 1 - t0;
+                if (len > 0)
+                    mix(s + r * G * ss + t0, ss, len < block ? len : block,
+                        vals + t0 * D, D, acc + r * G * D);
+            }
+        for (int64_t r = 0; r < rows; r++)
+            for (int g = 0; g < G; g++) {
+                const __m256 f = _mm256_set1_ps(inv[r * G + g]);
+                const float *a = acc + (r * G + g) * D;
+                float *o = out + (r0 + r) * H * D + (h0 + g) * D;
+                for (int64_t d = 0; d < D; d += 8)
+                    _mm256_storeu_ps(o + d, _mm256_mul_ps(_mm256_loadu_ps(a + d), f));
+            }
+        free(acc);
         free(s);
     }
 }

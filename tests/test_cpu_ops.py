@@ -37,7 +37,7 @@ def reference(qkv, k_cache, v_cache, start, heads, kv_heads, dim):
 
 @pytest.mark.parametrize("heads,kv_heads,dim", [(9, 3, 64), (4, 4, 32), (8, 4, 64), (8, 2, 128),
                                                 (10, 2, 32), (7, 1, 64)])
-@pytest.mark.parametrize("start,n", [(0, 1), (0, 6), (37, 1), (130, 5)])
+@pytest.mark.parametrize("start,n", [(0, 1), (0, 6), (37, 1), (62, 3), (130, 5)])
 def test_attend_matches_reference(ops, heads, kv_heads, dim, start, n):
     gen = torch.Generator().manual_seed(heads * 1000 + start + n)
     length = start + n
