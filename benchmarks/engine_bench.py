@@ -23,8 +23,11 @@ Greedy decoding throughout.
 Decode speed is ``(new tokens - 1) / (time from the first to the last output delta)``; prefill
 (time to the first output delta) is reported apart. Engine systems are timed on their stream,
 all on one persistent asyncio event loop. "same as" compares the generated text with the
-reference system's (``plain`` if run, else ``vllm``). Prompt sets live in
-``benchmarks/prompts/*.jsonl``. Results go to ``benchmarks/results/engine-<time>.{json,md}``.
+reference system's (``plain`` if run, else ``vllm``). With native ``plain`` and a lookup system
+(``ngram``, ``suffix``), the tables also show that drafter's ceiling on plain's outputs: the tau
+and speedup perfect k would reach at this machine's step costs (`benchmarks.ceiling`). Prompt
+sets live in ``benchmarks/prompts/*.jsonl``. Results go to
+``benchmarks/results/engine-<time>.{json,md}``.
 ``--synthetic`` measures only the model's forward speed on random weights of the same shape (for
 machines without the pulled model).
 """
@@ -46,6 +49,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from .ceiling import Walk, walk
 
 HERE = Path(__file__).resolve().parent
 PROMPT_DIR = HERE / "prompts"
@@ -96,6 +101,7 @@ class Row:
     draft_tokens: int = 0
     accepted_tokens: int = 0
     text: str = ""
+    token_ids: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -195,6 +201,7 @@ class EngineSystem:
         from agentrt.engine import EngineError, SamplingParams
 
         parts: list[str] = []
+        ids: list[int] = []
         first = last = None
         final = None
         start = time.perf_counter()
@@ -204,6 +211,7 @@ class EngineSystem:
                 now = time.perf_counter()
                 if delta.text or delta.token_ids:
                     parts.append(delta.text)
+                    ids.extend(delta.token_ids)
                     first = now if first is None else first
                     last = now
                 if delta.finish_reason is not None:
@@ -217,7 +225,7 @@ class EngineSystem:
         return Row("", "", "", final.usage.prompt_tokens, final.usage.completion_tokens,
                    first - start, last - first, end - start,
                    m.verify_steps if m else 0, m.draft_tokens if m else 0,
-                   m.accepted_tokens if m else 0, text="".join(parts))
+                   m.accepted_tokens if m else 0, text="".join(parts), token_ids=ids)
 
     def close(self) -> None:
         """Release the engine (its worker thread, engine process or HTTP connections)."""
@@ -388,6 +396,43 @@ def describe(system: str, plan: Plan) -> str:
     return text
 
 
+# ------------------------------------------------------------------------------- ceiling
+
+LOOKUP_SYSTEMS = ("ngram", "suffix")
+
+
+def lookup_ceilings(runners: dict, prompts: list[tuple[str, dict]], rows: list[Row],
+                    sets: list[str]) -> dict[str, dict[str, Walk]]:
+    """``{set or "all": {system: Walk}}``: the lookup ceiling (see `benchmarks.ceiling`) of each
+    n-gram / suffix system on native plain's outputs, with step costs measured on plain's model
+    at the set's mean prompt length. Drafters are fresh and see the prompts in run order, as
+    the systems did. Empty without native plain or a lookup system."""
+    from agentrt.engine import NativeEngine
+    from agentrt.engine.native import StepCosts
+    from agentrt.engine.proposers import NgramProposer, SuffixProposer
+
+    plain = getattr(runners.get("plain"), "engine", None)
+    systems = [s for s in LOOKUP_SYSTEMS if s in runners]
+    if not isinstance(plain, NativeEngine) or not systems:
+        return {}
+    outputs = {(r.prompt_set, r.prompt_id): r.token_ids for r in rows if r.system == "plain"}
+    prompt_ids = [plain.tokenizer.encode_chat(p["messages"]) for _, p in prompts]
+    costs = {}
+    for name in sets:
+        lengths = [len(ids) for ids, (s, _) in zip(prompt_ids, prompts) if s == name]
+        if lengths:
+            costs[name] = StepCosts.measure(plain.model, 17, context=int(statistics.mean(lengths)))
+    result: dict[str, dict[str, Walk]] = {name: {} for name in [*costs, "all"]}
+    for system in systems:
+        proposer = NgramProposer() if system == "ngram" else SuffixProposer()
+        for ids, (name, prompt) in zip(prompt_ids, prompts):
+            output = outputs[(name, prompt["id"])]
+            totals = walk(proposer.begin(ids), output, costs[name])
+            for key in (name, "all"):
+                result[key][system] = result[key].get(system, Walk()) + totals
+    return result
+
+
 # ------------------------------------------------------------------------------- summary
 
 def reference_system(systems: list[str]) -> str | None:
@@ -395,7 +440,8 @@ def reference_system(systems: list[str]) -> str | None:
     return next((s for s in REFERENCE_SYSTEMS if s in systems), None)
 
 
-def summarise(rows: list[Row], systems: list[str], sets: list[str]) -> dict:
+def summarise(rows: list[Row], systems: list[str], sets: list[str],
+              ceilings: dict[str, dict[str, Walk]] | None = None) -> dict:
     summary: dict = {}
     for prompt_set in [*sets, "all"]:
         per = {}
@@ -417,6 +463,10 @@ def summarise(rows: list[Row], systems: list[str], sets: list[str]) -> dict:
                 "tau": (accepted + steps) / steps if steps else None,
                 "acceptance_rate": accepted / drafted if drafted else None,
             }
+        for system, totals in (ceilings or {}).get(prompt_set, {}).items():
+            if system in per:
+                per[system]["ceiling_tau"] = totals.tau
+                per[system]["ceiling_speedup_vs_plain"] = totals.speedup
         for system, entry in per.items():
             for base in SPEEDUP_BASES:
                 if base in per and per[base]["decode_tok_s"] > 0:
@@ -448,7 +498,7 @@ def markdown(summary: dict, meta: dict) -> str:
     if "vllm" in meta["systems"]:
         bases.append(("vllm", "x vLLM"))
     header = ["system", "decode tok/s", *(title for _, title in bases), "tau", "accept",
-              "prefill s", f"same as {reference}"]
+              "ceiling tau", "ceiling x plain", "prefill s", f"same as {reference}"]
 
     def fmt(v, spec="{:.2f}"):
         return "-" if v is None else spec.format(v)
@@ -461,12 +511,15 @@ def markdown(summary: dict, meta: dict) -> str:
                 continue
             cells = [system, f"{e['decode_tok_s']:.1f}",
                      *(fmt(e.get(f"speedup_vs_{base}")) for base, _ in bases),
-                     fmt(e["tau"]), fmt(e["acceptance_rate"]), f"{e['mean_prefill_s']:.2f}",
+                     fmt(e["tau"]), fmt(e["acceptance_rate"]), fmt(e.get("ceiling_tau")),
+                     fmt(e.get("ceiling_speedup_vs_plain")), f"{e['mean_prefill_s']:.2f}",
                      e.get(f"same_output_as_{reference}", "-")]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
     lines += ["Systems: " + "; ".join(f"`{s}` = {meta['descriptions'][s]}" for s in meta["systems"]),
-              ""]
+              "", ("Ceiling: the same drafter on plain's outputs with perfect k (it drafts exactly "
+                   "what will be accepted), at step costs measured on this machine; see "
+                   "`benchmarks/ceiling.py`."), ""]
     return "\n".join(lines)
 
 
@@ -573,6 +626,7 @@ def main(argv: list[str] | None = None) -> int:
             runners[system] = build_system(system, plan, args, path, loop)
             print(f"loaded {system} in {time.perf_counter() - t:.1f}s", file=sys.stderr)
         rows = run_all(runners, prompts, args.max_tokens)
+        ceilings = lookup_ceilings(runners, prompts, rows, plan.sets)
     finally:
         close_all(runners, loop)
 
@@ -591,7 +645,7 @@ def main(argv: list[str] | None = None) -> int:
         meta["vllm_cpu_env"] = {k: v for k, v in sorted(os.environ.items()) if k.startswith("VLLM_CPU_")}
     if args.device.startswith("cuda"):
         meta["cpu"] = torch.cuda.get_device_name()
-    summary = summarise(rows, plan.systems, plan.sets)
+    summary = summarise(rows, plan.systems, plan.sets, ceilings)
     md = markdown(summary, meta)
     print(md)
     _write({"meta": meta, "summary": summary, "rows": [asdict(r) for r in rows]}, md, args)
