@@ -17,6 +17,7 @@ import math
 import os
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -422,7 +423,82 @@ void attend(const float *q, int64_t q_stride, const float *k_cache, const float 
         free(s);
     }
 }
+
+/* ---- a whole decode step's layers in one call: no per-op trip through Python ---- */
+
+typedef struct {
+    const uint16_t *dense;  /* bf16 [N, K] */
+    const uint8_t *packed;  /* GGUF blocks of the same matrix, or NULL */
+    int kind;               /* of the blocks: 0 Q4_1, 1 Q8_0 */
+} Matrix;
+
+typedef struct {
+    const float *attn_norm, *mlp_norm, *bqkv;  /* bqkv may be NULL */
+    Matrix qkv, o, gate_up, down;
+    float *k_cache, *v_cache;                  /* [KV, T, D] */
+} Layer;
+
+/* y = x . W^T (+ residual) as `Matmul` does it: the blocks for up to packed_max rows. */
+static void matrix_apply(const Matrix *m, const float *x, float *y, const float *residual,
+                         int64_t M, int64_t N, int64_t K, int packed_max, int threads) {
+    if (m->packed && M <= packed_max)
+        packed_linear(x, m->packed, m->kind, 1, y, residual, M, N, K, threads);
+    else
+        bf16_linear(x, m->dense, y, residual, M, N, K, threads);
+}
+
+/* Run n <= 32 rows x [n, E] (in place) through L layers at positions start .. start+n-1: the
+   same kernels in the same order as the per-op path, so the results are identical. */
+void decode_layers(float *x, int64_t n, int64_t start, const Layer *layers, int64_t L,
+                   int64_t E, int64_t I, int64_t H, int64_t KV, int64_t D, int64_t T,
+                   const float *rope, float eps, float scale, int packed_max, int threads) {
+    const int64_t Q = (H + 2 * KV) * D;
+    float *h = (float *)malloc((size_t)(n * E) * sizeof(float));
+    float *mid = (float *)malloc((size_t)(n * E) * sizeof(float));
+    float *qkv = (float *)malloc((size_t)(n * Q) * sizeof(float));
+    float *att = (float *)malloc((size_t)(n * H * D) * sizeof(float));
+    float *gu = (float *)malloc((size_t)(n * 2 * I) * sizeof(float));
+    float *act = (float *)malloc((size_t)(n * I) * sizeof(float));
+    for (int64_t l = 0; l < L; l++) {
+        const Layer *w = layers + l;
+        rms_norm(x, w->attn_norm, h, n, E, eps);
+        matrix_apply(&w->qkv, h, qkv, NULL, n, Q, E, packed_max, threads);
+        if (w->bqkv)
+            for (int64_t i = 0; i < n * Q; i++) qkv[i] += w->bqkv[i % Q];
+        rope_store(qkv, rope, start, n, H, KV, D, w->k_cache, w->v_cache, T);
+        attend(qkv, Q, w->k_cache, w->v_cache, att, n, start, H, KV, D, T, scale, threads);
+        matrix_apply(&w->o, att, mid, x, n, E, H * D, packed_max, threads);
+        rms_norm(mid, w->mlp_norm, h, n, E, eps);
+        matrix_apply(&w->gate_up, h, gu, NULL, n, 2 * I, E, packed_max, threads);
+        silu_mul(gu, act, n, I);
+        matrix_apply(&w->down, act, x, mid, n, E, I, packed_max, threads);
+    }
+    free(act); free(gu); free(att); free(qkv); free(mid); free(h);
+}
 """
+
+
+class _Matrix(ctypes.Structure):
+    _fields_ = [("dense", ctypes.c_void_p), ("packed", ctypes.c_void_p), ("kind", ctypes.c_int)]
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [("attn_norm", ctypes.c_void_p), ("mlp_norm", ctypes.c_void_p),
+                ("bqkv", ctypes.c_void_p), ("qkv", _Matrix), ("o", _Matrix),
+                ("gate_up", _Matrix), ("down", _Matrix), ("k_cache", ctypes.c_void_p),
+                ("v_cache", ctypes.c_void_p)]
+
+
+@dataclass(frozen=True)
+class LayerShape:
+    """The sizes `CpuOps.decode_layers` needs (hidden, MLP width, heads, kv heads, head dim)."""
+
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    eps: float
 
 
 _GCC_FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
@@ -444,6 +520,8 @@ class CpuOps:
         self._packed_linear = self._fn(lib.packed_linear,
                                        [ptr, ptr, i32, i32, ptr, ptr, i64, i64, i64, i32])
         self._attend = self._fn(lib.attend, [ptr, i64, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, f32, i32])
+        self._decode_layers = self._fn(lib.decode_layers, [ptr, i64, i64, ptr, i64, i64, i64, i64, i64,
+                                                           i64, i64, ptr, f32, f32, i32, i32])
 
     @staticmethod
     def _fn(fn, argtypes):
@@ -501,6 +579,44 @@ class CpuOps:
                      out.data_ptr(), n, start, heads, kv_heads, head_dim, k_cache.shape[-2],
                      1.0 / math.sqrt(head_dim), torch.get_num_threads())
         return out
+
+    @staticmethod
+    def layer_plan(layers: list[dict], caches: list[tuple[Tensor, Tensor]]) -> ctypes.Array:
+        """The pointers `decode_layers` reads, one entry per layer: ``layers`` are a model's
+        per-layer weight tables (bf16 matrices ``wqkv, wo, w_gate_up, w_down``, float32 norms and
+        optional ``bqkv``, optional ``packed`` blocks), ``caches`` its ``[1, KV, T, D]`` k/v pairs.
+        The tensors must outlive the plan."""
+        def matrix(w: dict, name: str) -> _Matrix:
+            blocks = (w.get("packed") or {}).get(name)
+            if blocks is None:
+                return _Matrix(w[name].data_ptr(), None, 0)
+            return _Matrix(w[name].data_ptr(), blocks.blocks.data_ptr(), _PACKED_KINDS[blocks.kind])
+
+        def ptr(t: Tensor | None) -> int | None:
+            return None if t is None else t.data_ptr()
+
+        plan = (_Layer * len(layers))()
+        for entry, w, (k, v) in zip(plan, layers, caches):
+            entry.attn_norm, entry.mlp_norm, entry.bqkv = ptr(w["attn_norm"]), ptr(w["mlp_norm"]), ptr(w["bqkv"])
+            entry.qkv, entry.o = matrix(w, "wqkv"), matrix(w, "wo")
+            entry.gate_up, entry.down = matrix(w, "w_gate_up"), matrix(w, "w_down")
+            entry.k_cache, entry.v_cache = k.data_ptr(), v.data_ptr()
+        return plan
+
+    def decode_layers(self, x: Tensor, start: int, plan: ctypes.Array, shape: LayerShape,
+                      cache_len: int, rope: Tensor, packed_max_rows: int) -> None:
+        """Run ``x[n, hidden]`` (float32, contiguous, n <= 32; updated in place) through every
+        layer of ``plan`` at positions ``start ..``: RMSNorm, qkv (+ bias), RoPE + cache store,
+        attention, output projection, RMSNorm, SiLU-gated MLP, both residuals. The same kernels
+        as the one-op-per-call path, in the same order: identical results, one call."""
+        n = x.shape[0]
+        if not 0 < n <= 32 or not x.is_contiguous() or x.dtype != torch.float32:
+            raise ValueError(f"decode_layers needs contiguous float32 x with 1..32 rows, got "
+                             f"{x.dtype} {tuple(x.shape)}")
+        self._decode_layers(x.data_ptr(), n, start, ctypes.addressof(plan), len(plan), shape.hidden,
+                            shape.intermediate, shape.heads, shape.kv_heads, shape.head_dim,
+                            cache_len, rope.data_ptr(), shape.eps, 1.0 / math.sqrt(shape.head_dim),
+                            packed_max_rows, torch.get_num_threads())
 
 
 def _build_cpu_ops() -> CpuOps | None:

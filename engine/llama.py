@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import packed as packed_weights
-from .cpu_ops import CpuOps, cpu_ops
+from .cpu_ops import CpuOps, LayerShape, cpu_ops
 from .packed import PackedMatrix
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -314,6 +314,10 @@ class Transformer(nn.Module):
         self.rope = torch.empty(0, dtype=torch.complex64)
         self.rope_pairs = torch.empty(0)
         self.caches: list[tuple[Tensor, Tensor]] = []
+        self._plan: tuple[tuple, object] | None = None
+        self.fused_layers = True
+        """Run steps of up to 32 rows through all layers in one `CpuOps.decode_layers` call
+        (identical results; False: one call per op, for comparison)."""
         self.max_batch = max_batch
         self.max_seq_len = 0
         self.allocate_cache(max_batch, max_seq_len)
@@ -472,6 +476,7 @@ class Transformer(nn.Module):
         clone.final_norm, clone.packed_head = self.final_norm, self.packed_head
         clone.rope, clone.rope_pairs = self.rope, self.rope_pairs
         clone.caches = []
+        clone._plan, clone.fused_layers = None, self.fused_layers
         clone.max_seq_len = 0
         clone.allocate_cache(self.max_batch, self.max_seq_len)
         return clone.eval()
@@ -495,6 +500,15 @@ class Transformer(nn.Module):
         if bsz > self.max_batch:
             raise ValueError(f"batch of {bsz} exceeds max_batch={self.max_batch}")
         x = F.embedding(tokens.reshape(-1), self.embed).to(self.compute_dtype)
+        ops = self.ops if bsz == 1 else None
+        if ops is not None and n <= 32 and self.matmul.ops is not None and self.fused_layers:
+            x = x.contiguous()
+            cfg = self.cfg
+            shape = LayerShape(cfg.hidden_size, cfg.intermediate_size, cfg.num_heads,
+                               cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps)
+            ops.decode_layers(x, start_pos, self._layer_plan(), shape, self.max_seq_len,
+                              self.rope_pairs, self.matmul.packed_max_rows)
+            return self._logits(x, bsz, n, logits_for, ops)
         mask = None
         if n > 1:
             groups = self.cfg.num_heads // self.cfg.num_kv_heads
@@ -502,7 +516,6 @@ class Transformer(nn.Module):
             query_pos = torch.arange(start_pos, end, device=self.device)
             mask = (key_pos[None, :] <= query_pos[:, None]).repeat(groups, 1)
         layers = zip(self.layers, self.layer_weights, self.caches)
-        ops = self.ops if bsz == 1 else None
         if ops is not None:
             for layer, w, (k_cache, v_cache) in layers:
                 x = layer.forward_cpu(x, self.rope_pairs, start_pos, mask, w, k_cache, v_cache,
@@ -511,6 +524,11 @@ class Transformer(nn.Module):
             freqs = self.rope[start_pos:end, None, :]
             for layer, w, (k_cache, v_cache) in layers:
                 x = layer(x, freqs, start_pos, bsz, mask, w, k_cache, v_cache, self.matmul)
+        return self._logits(x, bsz, n, logits_for, ops)
+
+    def _logits(self, x: Tensor, bsz: int, n: int, logits_for: str | int,
+                ops: CpuOps | None) -> Tensor:
+        """Final norm and head over the positions ``logits_for`` asks for."""
         keep = n if logits_for == "all" else (1 if logits_for == "last" else int(logits_for))
         x = x.view(bsz, n, -1)[:, n - keep:].reshape(bsz * keep, -1)
         if ops is not None:
@@ -519,6 +537,15 @@ class Transformer(nn.Module):
             x = rms_norm(x, self.final_norm, self.cfg.rms_norm_eps)
         logits = self.matmul(x, self.lm_head, packed=self.packed_head if ops is not None else None)
         return logits.view(bsz, keep, -1).float()
+
+    def _layer_plan(self):
+        """`CpuOps.layer_plan` for the current weights, blocks and caches (rebuilt when any of
+        them was replaced; the kept references also keep the pointed-to tensors alive)."""
+        parts = (self.layer_weights, self.caches, *(w["packed"] for w in self.layer_weights))
+        if (self._plan is None or len(self._plan[0]) != len(parts)
+                or any(a is not b for a, b in zip(self._plan[0], parts))):
+            self._plan = (parts, self.ops.layer_plan(self.layer_weights, self.caches))
+        return self._plan[1]
 
 
 def _fits_cpu_ops(cfg: LlamaConfig) -> bool:

@@ -168,6 +168,36 @@ def test_cpu_fused_ops_match_torch():
     assert torch.allclose(got, ref.reshape(3, -1), atol=1e-5)
 
 
+def _steps(model: Transformer, ids: torch.Tensor) -> torch.Tensor:
+    """Logits of a prefill, single steps and 3-, 8- and 32-row verify steps over ``ids``."""
+    cuts = [0, 40, 41, 42, 45, 53, 85]
+    with torch.inference_mode():
+        return torch.cat([model(ids[:, a:b], a) for a, b in zip(cuts, cuts[1:])], dim=1)
+
+
+def test_fused_layers_equal_one_call_per_op():
+    from agentrt.engine.llama import LlamaConfig
+
+    _ops_or_skip()
+    path = models.ensure("smollm2-135m", "bf16")
+    pulled = Transformer.from_pretrained(path, "bf16", max_seq_len=128)
+    # a Qwen2-style model (q/k/v bias, 2 query heads per kv head), random bf16 weights
+    cfg = LlamaConfig(vocab_size=300, hidden_size=128, intermediate_size=256, num_layers=3,
+                      num_heads=4, num_kv_heads=2, head_dim=32, attention_bias=True)
+    qwen = Transformer(cfg, torch.bfloat16, max_seq_len=128)
+    with torch.no_grad():
+        for p in qwen.parameters():
+            p.normal_(0, 0.05, generator=torch.Generator().manual_seed(p.numel()))
+    qwen.refresh_weights()
+    for model in (pulled, qwen):
+        assert model.ops is not None and model.matmul.ops is not None
+        ids = torch.randint(0, model.vocab_size, (1, 85), generator=torch.Generator().manual_seed(8))
+        fused = _steps(model, ids)
+        model.fused_layers = False
+        assert torch.equal(fused, _steps(model, ids))
+        model.fused_layers = True
+
+
 def test_torch_fallback_matches_cpu_kernels():
     _ops_or_skip()
     path = models.ensure("smollm2-135m", "bf16")
