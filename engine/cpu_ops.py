@@ -3,9 +3,11 @@
 On a CPU without native bf16 matmul, a 135M-parameter decode step is dominated by torch's
 per-op dispatch and by widening bf16 weights. These few C functions replace the hot ops: the
 bf16-weight matmul (and its twin reading GGUF blocks, see `agentrt.engine.packed`), RMSNorm,
-the SiLU gate, RoPE + KV-cache store and causal attention. The source is compiled once with gcc
-(``_GCC_FLAGS``) into the agentrt home and cached by content and flags; where that is impossible (no AVX2, no gcc, ``AGENTRT_CPU_KERNEL=0``)
-`cpu_ops` returns None and plain torch ops run instead.
+the SiLU gate, RoPE + KV-cache store and causal attention, and `decode_layers`, which runs a
+whole decode step's layers through them in one call. The source is compiled once with gcc
+(``_GCC_FLAGS``) into the agentrt home and cached by content and flags; where that is
+impossible (no AVX2, no gcc, ``AGENTRT_CPU_KERNEL=0``) `cpu_ops` returns None and plain torch ops
+run instead.
 """
 
 from __future__ import annotations
@@ -384,7 +386,8 @@ void attend(const float *q, int64_t q_stride, const float *k_cache, const float 
     const int64_t head_chunks = (groups + per_task - 1) / per_task;
 #pragma omp parallel for num_threads(threads) schedule(static) if (n * H * (start + n) * D >= (1 << 17))
     for (int64_t i = 0; i < KV * row_chunks * head_chunks; i++) {
-        const int64_t kv = i / (row_chunks * head_chunks), r0 = i / head_chunks % row_chunks * rows_per;
+        const int64_t kv = i / (row_chunks * head_chunks);
+        const int64_t r0 = i / head_chunks % row_chunks * rows_per;
         const int64_t g0 = i % head_chunks * per_task, h0 = kv * groups + g0;
         const int64_t rows = n - r0 < rows_per ? n - r0 : rows_per;
         if (rows <= 0) continue;
@@ -402,7 +405,8 @@ void attend(const float *q, int64_t q_stride, const float *k_cache, const float 
                               len < block ? len : block, scale, s + r * G * ss + t0, ss);
             }
         float inv[rows * G];
-        for (int64_t j = 0; j < rows * G; j++) inv[j] = softmax_row(s + j * ss, start + r0 + j / G + 1);
+        for (int64_t j = 0; j < rows * G; j++)
+            inv[j] = softmax_row(s + j * ss, start + r0 + j / G + 1);
         const mix_fn mix = G == 1 && D % 64 == 0 ? mix1_8 : MIXES[G];
         for (int64_t t0 = 0; t0 < start + r0 + rows; t0 += block)
             for (int64_t r = 0; r < rows; r++) {
@@ -597,7 +601,8 @@ class CpuOps:
 
         plan = (_Layer * len(layers))()
         for entry, w, (k, v) in zip(plan, layers, caches):
-            entry.attn_norm, entry.mlp_norm, entry.bqkv = ptr(w["attn_norm"]), ptr(w["mlp_norm"]), ptr(w["bqkv"])
+            entry.attn_norm, entry.mlp_norm = w["attn_norm"].data_ptr(), w["mlp_norm"].data_ptr()
+            entry.bqkv = ptr(w["bqkv"])
             entry.qkv, entry.o = matrix(w, "wqkv"), matrix(w, "wo")
             entry.gate_up, entry.down = matrix(w, "w_gate_up"), matrix(w, "w_down")
             entry.k_cache, entry.v_cache = k.data_ptr(), v.data_ptr()
