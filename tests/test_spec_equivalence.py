@@ -174,6 +174,7 @@ def test_bf16_greedy_speculative_equals_plain():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # 24 prompts x 128 tokens in fp32, plus plain's outputs on first use
 @pytest.mark.parametrize("speculation,k", [("ngram", 8), ("suffix", 8), ("draft", 4)])
 def test_long_greedy_speculative_equals_plain(plain, reference_model, speculation, k):
     engine = NativeEngine(dtype="fp32", speculation=speculation, num_speculative_tokens=k, max_seq_len=2048)
