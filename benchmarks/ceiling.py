@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from agentrt.engine.native import common_prefix
 from agentrt.engine.proposers import ProposerState
 
 
@@ -53,11 +54,8 @@ def walk(state: ProposerState, output: Sequence[int], cost: Callable[[int], floa
         state.extend(output[:1])
     done = 1
     while done < len(output):
-        draft = state.propose(max_k).tokens
-        accepted = 0
-        while (accepted < len(draft) and done + accepted < len(output) - 1
-               and draft[accepted] == output[done + accepted]):
-            accepted += 1
+        # the last output token always comes from the target, so it is never matched
+        accepted = common_prefix(state.propose(max_k).tokens, output[done:-1])
         step = output[done:done + accepted + 1]
         state.extend(step)
         done += len(step)

@@ -268,7 +268,8 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` share."""
     n = min(len(a), len(b))
     i = 0
     while i < n and a[i] == b[i]:
@@ -460,7 +461,7 @@ class NativeEngine(BaseEngine):
 
     def _prefill(self, prompt: list[int]) -> torch.Tensor:
         """Fill the KV cache for ``prompt`` (reusing a shared prefix); logits after its last token."""
-        start = _common_prefix(self._cache_tokens, prompt) if self.prefix_cache else 0
+        start = common_prefix(self._cache_tokens, prompt) if self.prefix_cache else 0
         start = min(start, len(prompt) - 1)
         self._cache_tokens = []
         logits = None
