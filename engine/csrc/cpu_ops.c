@@ -1,0 +1,447 @@
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+static inline __m256 load_bf16x8(const uint16_t *p) {
+    __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+
+/* The four lane sums of a0..a3 as one vector, each ((l0 + l1) + (l2 + l3)) + ((l4 + l5) +
+   (l6 + l7)); hsum adds in the same order, so one output's value never depends on whether it
+   was reduced alone or four at a time. */
+static inline __m128 hsum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
+    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+static inline float hsum(__m256 v) {
+    const __m256 h = _mm256_hadd_ps(v, v);
+    const __m256 t = _mm256_hadd_ps(h, h);
+    return _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
+}
+
+/* y[i * ystride] = lane sum of acc[i], four outputs per reduction. */
+static inline void store_sums(const __m256 *acc, int R, float *y, int64_t ystride) {
+    int i = 0;
+    for (; i + 4 <= R; i += 4) {
+        float out[4];
+        _mm_storeu_ps(out, hsum4(acc[i], acc[i + 1], acc[i + 2], acc[i + 3]));
+        for (int j = 0; j < 4; j++) y[(i + j) * ystride] = out[j];
+    }
+    for (; i < R; i++) y[i * ystride] = hsum(acc[i]);
+}
+
+/* y[i * ystride] = dot(w_row, x[i]) for R activation rows: the weight row is widened once per
+   8 values and used for all R rows (R accumulators live in registers). */
+#define DEFINE_DOT(R)                                                                   \
+    static void dot##R(const uint16_t *wr, const float *x, int64_t K, float *y,         \
+                       int64_t ystride) {                                               \
+        __m256 acc[R];                                                                  \
+        for (int i = 0; i < R; i++) acc[i] = _mm256_setzero_ps();                       \
+        for (int64_t k = 0; k < K; k += 8) {                                            \
+            const __m256 c = load_bf16x8(wr + k);                                       \
+            for (int i = 0; i < R; i++)                                                 \
+                acc[i] = _mm256_fmadd_ps(c, _mm256_loadu_ps(x + i * K + k), acc[i]);    \
+        }                                                                               \
+        store_sums(acc, R, y, ystride);                                                 \
+    }
+DEFINE_DOT(1) DEFINE_DOT(2) DEFINE_DOT(3) DEFINE_DOT(4) DEFINE_DOT(5) DEFINE_DOT(6)
+DEFINE_DOT(7) DEFINE_DOT(8) DEFINE_DOT(9) DEFINE_DOT(10) DEFINE_DOT(11) DEFINE_DOT(12)
+
+typedef void (*dot_fn)(const uint16_t *, const float *, int64_t, float *, int64_t);
+static const dot_fn DOTS[13] = {0, dot1, dot2, dot3, dot4, dot5, dot6,
+                                dot7, dot8, dot9, dot10, dot11, dot12};
+
+/* y[M, N] = x[M, K] (float32) . w[N, K]^T (bfloat16) (+ residual[M, N] if not NULL), with
+   K % 8 == 0. Weight rows stream once, in order (one sequential stream per thread);
+   activation rows go in chunks of <= 12. Every output is summed in the same order whatever M
+   is, so a row's result never depends on the rows batched with it. */
+void bf16_linear(const float *x, const uint16_t *w, float *y, const float *residual,
+                 int64_t M, int64_t N, int64_t K, int threads) {
+    const int64_t chunks = (M + 11) / 12, chunk = (M + chunks - 1) / chunks;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+        for (int64_t m0 = 0; m0 < M; m0 += chunk) {
+            const int64_t rows = M - m0 < chunk ? M - m0 : chunk;
+            DOTS[rows](w + n * K, x + m0 * K, K, y + m0 * N + n, N);
+        }
+    }
+    if (residual)
+        for (int64_t i = 0; i < M * N; i++) y[i] += residual[i];
+}
+
+/* ---- weights kept in their GGUF blocks: Q4_1 (20 bytes per 32 weights: fp16 d, fp16 m, then
+   16 bytes where byte j holds weight j in its low nibble and weight j + 16 in its high one) and
+   Q8_0 (34 bytes: fp16 d, then 32 int8). A weight is d * q + m (Q4_1) or d * q (Q8_0) in
+   float32, computed as a product then a sum (built with -ffp-contract=off), optionally rounded
+   to bfloat16 like torch's cast: exactly the values of the checkpoint that was dequantised from
+   these blocks, at a third of the bytes to stream. */
+static inline float half_at(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+/* Round 8 floats to bfloat16 precision (nearest, ties to even), kept as floats. */
+static inline __m256 round_bf16x8(__m256 v) {
+    __m256i b = _mm256_castps_si256(v);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+    b = _mm256_add_epi32(b, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF)));
+    return _mm256_castsi256_ps(_mm256_and_si256(b, _mm256_set1_epi32((int)0xFFFF0000u)));
+}
+
+static inline void q4_1_block(const uint8_t *b, int rnd, __m256 w[4]) {
+    const __m256 d = _mm256_set1_ps(half_at(b)), m = _mm256_set1_ps(half_at(b + 2));
+    const __m128i raw = _mm_loadu_si128((const __m128i *)(b + 4)), low4 = _mm_set1_epi8(0x0F);
+    const __m128i lo = _mm_and_si128(raw, low4), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), low4);
+    const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+    for (int i = 0; i < 4; i++) {
+        const __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(parts[i]));
+        const __m256 v = _mm256_add_ps(_mm256_mul_ps(d, q), m);
+        w[i] = rnd ? round_bf16x8(v) : v;
+    }
+}
+
+static inline void q8_0_block(const uint8_t *b, int rnd, __m256 w[4]) {
+    const __m256 d = _mm256_set1_ps(half_at(b));
+    for (int i = 0; i < 4; i++) {
+        const __m128i raw = _mm_loadl_epi64((const __m128i *)(b + 2 + 8 * i));
+        const __m256 v = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(raw)));
+        w[i] = rnd ? round_bf16x8(v) : v;
+    }
+}
+
+/* Like dot##R, for one packed weight row: each block is widened once for all R rows, and every
+   output is accumulated in the same order as bf16_linear's, so results match it bit for bit. */
+#define DEFINE_PACKED_DOT(KIND, BYTES, R)                                                   \
+    static void KIND##_dot##R(const uint8_t *row, int rnd, const float *x, int64_t K,       \
+                              float *y, int64_t ystride) {                                  \
+        __m256 acc[R];                                                                     \
+        for (int i = 0; i < R; i++) acc[i] = _mm256_setzero_ps();                          \
+        for (int64_t k = 0; k < K; k += 32, row += BYTES) {                                \
+            __m256 w[4];                                                                   \
+            KIND##_block(row, rnd, w);                                                     \
+            for (int j = 0; j < 4; j++)                                                    \
+                for (int i = 0; i < R; i++)                                                \
+                    acc[i] = _mm256_fmadd_ps(w[j], _mm256_loadu_ps(x + i * K + k + 8 * j), acc[i]); \
+        }                                                                                  \
+        store_sums(acc, R, y, ystride);                                                    \
+    }
+#define DEFINE_PACKED_DOTS(KIND, BYTES)                                                     \
+    DEFINE_PACKED_DOT(KIND, BYTES, 1) DEFINE_PACKED_DOT(KIND, BYTES, 2)                     \
+    DEFINE_PACKED_DOT(KIND, BYTES, 3) DEFINE_PACKED_DOT(KIND, BYTES, 4)                     \
+    DEFINE_PACKED_DOT(KIND, BYTES, 5) DEFINE_PACKED_DOT(KIND, BYTES, 6)                     \
+    DEFINE_PACKED_DOT(KIND, BYTES, 7) DEFINE_PACKED_DOT(KIND, BYTES, 8)
+DEFINE_PACKED_DOTS(q4_1, 20)
+DEFINE_PACKED_DOTS(q8_0, 34)
+
+typedef void (*packed_dot_fn)(const uint8_t *, int, const float *, int64_t, float *, int64_t);
+static const packed_dot_fn PACKED_DOTS[2][9] = {
+    {0, q4_1_dot1, q4_1_dot2, q4_1_dot3, q4_1_dot4, q4_1_dot5, q4_1_dot6, q4_1_dot7, q4_1_dot8},
+    {0, q8_0_dot1, q8_0_dot2, q8_0_dot3, q8_0_dot4, q8_0_dot5, q8_0_dot6, q8_0_dot7, q8_0_dot8},
+};
+
+/* y[M, N] = x[M, K] . W^T (+ residual) for W [N, K] in blocks of kind 0 (Q4_1) or 1 (Q8_0),
+   rounded to bfloat16 when rnd != 0. K % 32 == 0. */
+void packed_linear(const float *x, const uint8_t *w, int kind, int rnd, float *y,
+                   const float *residual, int64_t M, int64_t N, int64_t K, int threads) {
+    const int64_t row_bytes = K / 32 * (kind == 0 ? 20 : 34);
+    const int64_t chunks = (M + 7) / 8, chunk = (M + chunks - 1) / chunks;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+        for (int64_t m0 = 0; m0 < M; m0 += chunk) {
+            const int64_t rows = M - m0 < chunk ? M - m0 : chunk;
+            PACKED_DOTS[kind][rows](w + n * row_bytes, rnd, x + m0 * K, K, y + m0 * N + n, N);
+        }
+    }
+    if (residual)
+        for (int64_t i = 0; i < M * N; i++) y[i] += residual[i];
+}
+
+/* exp(x) for 8 floats: range reduction to 2^n * e^r, |r| <= ln2/2, degree-6 polynomial
+   (relative error ~2e-7); inputs below -87 flush to 0. */
+static inline __m256 exp8(__m256 x) {
+    const __m256 lo = _mm256_set1_ps(-87.3f), hi = _mm256_set1_ps(88.7f);
+    x = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+/* y[m] = x[m] / sqrt(mean(x[m]^2) + eps) * w, for M rows of K (K % 8 == 0). */
+void rms_norm(const float *x, const float *w, float *y, int64_t M, int64_t K, float eps) {
+    for (int64_t m = 0; m < M; m++) {
+        const float *xr = x + m * K;
+        float *yr = y + m * K;
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t k = 0; k < K; k += 8) {
+            const __m256 v = _mm256_loadu_ps(xr + k);
+            acc = _mm256_fmadd_ps(v, v, acc);
+        }
+        const __m256 inv = _mm256_set1_ps(1.0f / sqrtf(hsum(acc) / (float)K + eps));
+        for (int64_t k = 0; k < K; k += 8)
+            _mm256_storeu_ps(yr + k, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(xr + k), inv),
+                                                   _mm256_loadu_ps(w + k)));
+    }
+}
+
+/* y[m, i] = silu(gu[m, i]) * gu[m, I + i] for gu [M, 2I] (I % 8 == 0). */
+void silu_mul(const float *gu, float *y, int64_t M, int64_t I) {
+    const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t i = 0; i < I; i += 8) {
+            const __m256 g = _mm256_loadu_ps(gu + m * 2 * I + i);
+            const __m256 u = _mm256_loadu_ps(gu + m * 2 * I + I + i);
+            const __m256 sig = _mm256_div_ps(one, _mm256_add_ps(one, exp8(_mm256_sub_ps(zero, g))));
+            _mm256_storeu_ps(y + m * I + i, _mm256_mul_ps(_mm256_mul_ps(g, sig), u));
+        }
+}
+
+/* Rotate the q and k heads of qkv [n, (H + 2 KV) * D] in place (adjacent pairs, rope[pos] holds
+   D/2 (cos, sin) pairs) and store k, v rows into the caches [KV, T, D] at start .. start+n-1. */
+void rope_store(float *qkv, const float *rope, int64_t start, int64_t n, int64_t H, int64_t KV,
+                int64_t D, float *k_cache, float *v_cache, int64_t T) {
+    const int64_t row = (H + 2 * KV) * D;
+    for (int64_t r = 0; r < n; r++) {
+        float *v = qkv + r * row;
+        const float *cs = rope + (start + r) * D;
+        for (int64_t head = 0; head < H + KV; head++) {
+            float *x = v + head * D;
+            for (int64_t i = 0; i < D; i += 2) {
+                const float a = x[i], b = x[i + 1], c = cs[i], s = cs[i + 1];
+                x[i] = a * c - b * s;
+                x[i + 1] = a * s + b * c;
+            }
+        }
+        for (int64_t j = 0; j < KV; j++) {
+            memcpy(k_cache + (j * T + start + r) * D, v + (H + j) * D, D * sizeof(float));
+            memcpy(v_cache + (j * T + start + r) * D, v + (H + KV + j) * D, D * sizeof(float));
+        }
+    }
+}
+
+/* Attention of the G query heads that share one kv head (q [G, D], contiguous) over
+   keys/values [len, D]: each key and value row is loaded once for all G heads. Scores go to
+   s[g * ss + t]; KB keys at a time keep G * KB dot products in registers. A score is its own
+   accumulator over d whatever G, KB and the key block are, so heads and keys can be grouped
+   freely. */
+#define DEFINE_SCORES(G, KB)                                                                \
+    static void scores##G(const float *q, const float *keys, int64_t D, int64_t len,        \
+                          float scale, float *s, int64_t ss) {                              \
+        int64_t t = 0;                                                                     \
+        for (; t + KB <= len; t += KB) {                                                   \
+            __m256 acc[G][KB];                                                             \
+            for (int g = 0; g < G; g++)                                                    \
+                for (int j = 0; j < KB; j++) acc[g][j] = _mm256_setzero_ps();              \
+            for (int64_t d = 0; d < D; d += 8) {                                           \
+                __m256 qv[G];                                                              \
+                for (int g = 0; g < G; g++) qv[g] = _mm256_loadu_ps(q + g * D + d);        \
+                for (int j = 0; j < KB; j++) {                                             \
+                    const __m256 kv = _mm256_loadu_ps(keys + (t + j) * D + d);             \
+                    for (int g = 0; g < G; g++) acc[g][j] = _mm256_fmadd_ps(qv[g], kv, acc[g][j]); \
+                }                                                                          \
+            }                                                                              \
+            for (int g = 0; g < G; g++) {                                                  \
+                if (KB == 4) {                                                             \
+                    const __m128 v = _mm_mul_ps(hsum4(acc[g][0], acc[g][1 % KB], acc[g][2 % KB], \
+                                                      acc[g][3 % KB]), _mm_set1_ps(scale)); \
+                    _mm_storeu_ps(s + g * ss + t, v);                                      \
+                } else {                                                                   \
+                    for (int j = 0; j < KB; j++) s[g * ss + t + j] = hsum(acc[g][j]) * scale; \
+                }                                                                          \
+            }                                                                              \
+        }                                                                                  \
+        for (; t < len; t++) {                                                             \
+            __m256 acc[G];                                                                 \
+            for (int g = 0; g < G; g++) acc[g] = _mm256_setzero_ps();                      \
+            for (int64_t d = 0; d < D; d += 8) {                                           \
+                const __m256 kv = _mm256_loadu_ps(keys + t * D + d);                       \
+                for (int g = 0; g < G; g++)                                                \
+                    acc[g] = _mm256_fmadd_ps(_mm256_loadu_ps(q + g * D + d), kv, acc[g]);  \
+            }                                                                              \
+            for (int g = 0; g < G; g++) s[g * ss + t] = hsum(acc[g]) * scale;              \
+        }                                                                                  \
+    }
+DEFINE_SCORES(1, 4) DEFINE_SCORES(2, 4) DEFINE_SCORES(3, 4) DEFINE_SCORES(4, 4)
+
+/* acc [G, D] += s[g * ss + t] * values [len, D] summed over t in order, CW vectors of D at a
+   time (D % (8 CW) == 0); acc is loaded and stored around the block, which leaves every sum
+   exactly as if it had stayed in registers. */
+#define DEFINE_MIX(G, CW)                                                                   \
+    static void mix##G##_##CW(const float *s, int64_t ss, int64_t len, const float *vals,    \
+                              int64_t D, float *acc_out) {                                  \
+        for (int64_t d0 = 0; d0 < D; d0 += 8 * CW) {                                       \
+            __m256 acc[G][CW];                                                             \
+            for (int g = 0; g < G; g++)                                                    \
+                for (int c = 0; c < CW; c++) acc[g][c] = _mm256_loadu_ps(acc_out + g * D + d0 + 8 * c); \
+            for (int64_t t = 0; t < len; t++) {                                            \
+                __m256 v[CW];                                                              \
+                for (int c = 0; c < CW; c++) v[c] = _mm256_loadu_ps(vals + t * D + d0 + 8 * c); \
+                for (int g = 0; g < G; g++) {                                              \
+                    const __m256 p = _mm256_set1_ps(s[g * ss + t]);                        \
+                    for (int c = 0; c < CW; c++) acc[g][c] = _mm256_fmadd_ps(p, v[c], acc[g][c]); \
+                }                                                                          \
+            }                                                                              \
+            for (int g = 0; g < G; g++)                                                    \
+                for (int c = 0; c < CW; c++)                                               \
+                    _mm256_storeu_ps(acc_out + g * D + d0 + 8 * c, acc[g][c]);             \
+        }                                                                                  \
+    }
+DEFINE_MIX(1, 8) DEFINE_MIX(1, 4) DEFINE_MIX(2, 4) DEFINE_MIX(3, 4) DEFINE_MIX(4, 2)
+
+typedef void (*scores_fn)(const float *, const float *, int64_t, int64_t, float, float *, int64_t);
+typedef void (*mix_fn)(const float *, int64_t, int64_t, const float *, int64_t, float *);
+static const scores_fn SCORES[5] = {0, scores1, scores2, scores3, scores4};
+static const mix_fn MIXES[5] = {0, mix1_4, mix2_4, mix3_4, mix4_2};
+
+/* Scores of a row -> exp(score - max) in place; returns 1 / sum. */
+static float softmax_row(float *s, int64_t len) {
+    __m256 best8 = _mm256_set1_ps(-INFINITY);
+    int64_t t = 0;
+    for (; t + 8 <= len; t += 8) best8 = _mm256_max_ps(best8, _mm256_loadu_ps(s + t));
+    __m128 best4 = _mm_max_ps(_mm256_castps256_ps128(best8), _mm256_extractf128_ps(best8, 1));
+    best4 = _mm_max_ps(best4, _mm_movehl_ps(best4, best4));
+    float best = _mm_cvtss_f32(_mm_max_ss(best4, _mm_shuffle_ps(best4, best4, 1)));
+    for (; t < len; t++) best = s[t] > best ? s[t] : best;
+    __m256 total8 = _mm256_setzero_ps();
+    t = 0;
+    for (; t + 8 <= len; t += 8) {
+        const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + t), _mm256_set1_ps(best)));
+        _mm256_storeu_ps(s + t, e);
+        total8 = _mm256_add_ps(total8, e);
+    }
+    float total = hsum(total8);
+    for (; t < len; t++) {
+        s[t] = expf(s[t] - best);
+        total += s[t];
+    }
+    return 1.0f / total;
+}
+
+#define KEY_BLOCK 64
+
+/* Causal attention for n query rows at positions start .. start+n-1 (row r sees keys
+   0 .. start+r): q row r, head h at q[r * q_stride + h * D]; out [n, H * D]; caches [KV, T, D];
+   query heads h = kv * G .. kv * G + G - 1 (G = H / KV) read kv head kv. D % 32 == 0.
+   A task is one kv head for a chunk of rows (and, when rows are too few to keep the threads
+   busy, a chunk of its query heads): it walks the keys, then the values, KEY_BLOCK rows at a
+   time, and every row of the chunk uses a block while it is in L1, so a verify step reads
+   the cache about once per thread instead of once per row. A row's result depends only on
+   its own position, never on n or on the chunking. */
+void attend(const float *q, int64_t q_stride, const float *k_cache, const float *v_cache,
+            float *out, int64_t n, int64_t start, int64_t H, int64_t KV, int64_t D, int64_t T,
+            float scale, int threads) {
+    const int64_t groups = H / KV;
+    const int64_t row_chunks_wanted = (2 * threads + KV - 1) / KV;
+    const int64_t row_chunks = n < row_chunks_wanted ? n : row_chunks_wanted;
+    const int64_t rows_per = (n + row_chunks - 1) / row_chunks;
+    const int64_t per_task = n * KV >= 2 * threads ? 4 : 1;
+    const int64_t head_chunks = (groups + per_task - 1) / per_task;
+#pragma omp parallel for num_threads(threads) schedule(static) if (n * H * (start + n) * D >= (1 << 17))
+    for (int64_t i = 0; i < KV * row_chunks * head_chunks; i++) {
+        const int64_t kv = i / (row_chunks * head_chunks);
+        const int64_t r0 = i / head_chunks % row_chunks * rows_per;
+        const int64_t g0 = i % head_chunks * per_task, h0 = kv * groups + g0;
+        const int64_t rows = n - r0 < rows_per ? n - r0 : rows_per;
+        if (rows <= 0) continue;
+        const int G = groups - g0 < per_task ? (int)(groups - g0) : (int)per_task;
+        const int64_t ss = start + r0 + rows + 8;  /* score stride: the longest row, padded */
+        const float *keys = k_cache + kv * T * D, *vals = v_cache + kv * T * D;
+        float *s = (float *)malloc((size_t)(rows * G * ss) * sizeof(float));
+        float *acc = (float *)calloc((size_t)(rows * G * D), sizeof(float));
+        const int64_t block = rows > 1 ? KEY_BLOCK : ss;  /* one row: nothing to share */
+        for (int64_t t0 = 0; t0 < start + r0 + rows; t0 += block)
+            for (int64_t r = 0; r < rows; r++) {
+                const int64_t len = start + r0 + r + 1 - t0;
+                if (len > 0)
+                    SCORES[G](q + (r0 + r) * q_stride + h0 * D, keys + t0 * D, D,
+                              len < block ? len : block, scale, s + r * G * ss + t0, ss);
+            }
+        float inv[rows * G];
+        for (int64_t j = 0; j < rows * G; j++)
+            inv[j] = softmax_row(s + j * ss, start + r0 + j / G + 1);
+        const mix_fn mix = G == 1 && D % 64 == 0 ? mix1_8 : MIXES[G];
+        for (int64_t t0 = 0; t0 < start + r0 + rows; t0 += block)
+            for (int64_t r = 0; r < rows; r++) {
+                const int64_t len = start + r0 + r + 1 - t0;
+                if (len > 0)
+                    mix(s + r * G * ss + t0, ss, len < block ? len : block,
+                        vals + t0 * D, D, acc + r * G * D);
+            }
+        for (int64_t r = 0; r < rows; r++)
+            for (int g = 0; g < G; g++) {
+                const __m256 f = _mm256_set1_ps(inv[r * G + g]);
+                const float *a = acc + (r * G + g) * D;
+                float *o = out + (r0 + r) * H * D + (h0 + g) * D;
+                for (int64_t d = 0; d < D; d += 8)
+                    _mm256_storeu_ps(o + d, _mm256_mul_ps(_mm256_loadu_ps(a + d), f));
+            }
+        free(acc);
+        free(s);
+    }
+}
+
+/* ---- a whole decode step's layers in one call: no per-op trip through Python ---- */
+
+typedef struct {
+    const uint16_t *dense;  /* bf16 [N, K] */
+    const uint8_t *packed;  /* GGUF blocks of the same matrix, or NULL */
+    int kind;               /* of the blocks: 0 Q4_1, 1 Q8_0 */
+} Matrix;
+
+typedef struct {
+    const float *attn_norm, *mlp_norm, *bqkv;  /* bqkv may be NULL */
+    Matrix qkv, o, gate_up, down;
+    float *k_cache, *v_cache;                  /* [KV, T, D] */
+} Layer;
+
+/* y = x . W^T (+ residual) as `Matmul` does it: the blocks for up to packed_max rows. */
+static void matrix_apply(const Matrix *m, const float *x, float *y, const float *residual,
+                         int64_t M, int64_t N, int64_t K, int packed_max, int threads) {
+    if (m->packed && M <= packed_max)
+        packed_linear(x, m->packed, m->kind, 1, y, residual, M, N, K, threads);
+    else
+        bf16_linear(x, m->dense, y, residual, M, N, K, threads);
+}
+
+/* Run n <= 32 rows x [n, E] (in place) through L layers at positions start .. start+n-1: the
+   same kernels in the same order as the per-op path, so the results are identical. */
+void decode_layers(float *x, int64_t n, int64_t start, const Layer *layers, int64_t L,
+                   int64_t E, int64_t I, int64_t H, int64_t KV, int64_t D, int64_t T,
+                   const float *rope, float eps, float scale, int packed_max, int threads) {
+    const int64_t Q = (H + 2 * KV) * D;
+    float *h = (float *)malloc((size_t)(n * E) * sizeof(float));
+    float *mid = (float *)malloc((size_t)(n * E) * sizeof(float));
+    float *qkv = (float *)malloc((size_t)(n * Q) * sizeof(float));
+    float *att = (float *)malloc((size_t)(n * H * D) * sizeof(float));
+    float *gu = (float *)malloc((size_t)(n * 2 * I) * sizeof(float));
+    float *act = (float *)malloc((size_t)(n * I) * sizeof(float));
+    for (int64_t l = 0; l < L; l++) {
+        const Layer *w = layers + l;
+        rms_norm(x, w->attn_norm, h, n, E, eps);
+        matrix_apply(&w->qkv, h, qkv, NULL, n, Q, E, packed_max, threads);
+        if (w->bqkv)
+            for (int64_t i = 0; i < n * Q; i++) qkv[i] += w->bqkv[i % Q];
+        rope_store(qkv, rope, start, n, H, KV, D, w->k_cache, w->v_cache, T);
+        attend(qkv, Q, w->k_cache, w->v_cache, att, n, start, H, KV, D, T, scale, threads);
+        matrix_apply(&w->o, att, mid, x, n, E, H * D, packed_max, threads);
+        rms_norm(mid, w->mlp_norm, h, n, E, eps);
+        matrix_apply(&w->gate_up, h, gu, NULL, n, 2 * I, E, packed_max, threads);
+        silu_mul(gu, act, n, I);
+        matrix_apply(&w->down, act, x, mid, n, E, I, packed_max, threads);
+    }
+    free(act); free(gu); free(att); free(qkv); free(mid); free(h);
+}
