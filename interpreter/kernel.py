@@ -29,6 +29,8 @@ import os
 import secrets
 import shutil
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -41,6 +43,7 @@ import anyio
 import anyio.abc
 from anyio.streams.buffered import BufferedByteReceiveStream
 
+from . import jail
 from .protocol import (
     HEADER,
     MAX_FRAME_BYTES,
@@ -79,6 +82,11 @@ class KernelLimits:
     max_output_chars: printed output kept per cell; the rest is dropped with a note.
     recursion_limit: Python recursion limit inside the sandbox.
     start_timeout_s: how long starting or forking a worker process may take.
+    jail: confine the worker processes in the OS jail (namespaces, seccomp, RLIMITs; see
+        interpreter/jail.py): None jails when the machine allows it (else one warning),
+        True requires it, False turns it off. ``AGENTRT_JAIL=0/1`` changes the default.
+    disk_mb: size of the jail's private writable directory (a tmpfs, also the cwd) and the
+        largest file a worker may write (RLIMIT_FSIZE, the worker's log included).
     """
 
     cpu_s: float = 10.0
@@ -87,11 +95,15 @@ class KernelLimits:
     max_output_chars: int = 1_000_000
     recursion_limit: int = 1000
     start_timeout_s: float = 30.0
+    jail: bool | None = None
+    disk_mb: int = 64
 
     def __post_init__(self) -> None:
         for name in ("cpu_s", "wall_s", "start_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"KernelLimits.{name} must be positive")
+        if self.disk_mb < 1:
+            raise ValueError("KernelLimits.disk_mb must be at least 1")
         if self.memory_mb < 0 or self.max_output_chars < 0:
             raise ValueError("KernelLimits.memory_mb and max_output_chars must be >= 0")
         if self.recursion_limit < 100:
@@ -174,7 +186,8 @@ class _Proc:
         self.token = token
         self.role = role
         self.parent = parent
-        self.pid: int | None = None
+        self.pid: int | None = None       # as the runtime sees it (signals go there)
+        self.wire_pid: int | None = None  # as the process sees itself (its PID namespace)
         self.stream: anyio.abc.ByteStream | None = None
         self.send_lock = anyio.Lock()
         self.ready = anyio.Event()    # said hello, or died trying
@@ -393,6 +406,7 @@ class Kernel:
         self._root: _Proc | None = None
         self._root_process: anyio.abc.Process | None = None
         self._main: KernelProcess | None = None
+        self._jail = jail.OFF
         self.on_message: Callable[[str, dict[str, Any]], None] | None = None
         """Receives ``(process token, message)`` for the shadow messages of forked processes."""
         self._handler_takes_line = "line" in inspect.signature(tool_handler).parameters
@@ -418,6 +432,10 @@ class Kernel:
         (self._tmpdir / "work").mkdir()
         self._socket_path = str(self._tmpdir / "kernel.sock")
         try:
+            try:
+                self._jail = await anyio.to_thread.run_sync(jail.plan_jail, self.limits.jail)
+            except jail.JailUnavailable as exc:
+                raise KernelError(str(exc)) from None
             self._listener = await anyio.create_unix_listener(self._socket_path, mode=0o600)
             service_ready = anyio.Event()
             self._service = loop.create_task(self._run_service(service_ready))
@@ -458,7 +476,7 @@ class Kernel:
     @property
     def root_pid(self) -> int | None:
         """Pid of the root worker process (also the process group of all workers)."""
-        return self._root_process.pid if self._root_process is not None else None
+        return self._root.pid if self._root is not None else None
 
     # -- public API on the main namespace -------------------------------------
     async def execute(self, code: str, *, name: str = "cell") -> CellResult:
@@ -570,7 +588,7 @@ class Kernel:
             receiver = BufferedByteReceiveStream(stream)
             with anyio.fail_after(HELLO_TIMEOUT_S):
                 hello = await _read_frame(receiver)
-            proc = self._accept_hello(hello)
+            proc = self._accept_hello(hello, _peer_pid(stream))
             if proc is None:
                 return
             proc.stream = stream
@@ -595,16 +613,16 @@ class Kernel:
             with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
                 await stream.aclose()
 
-    def _accept_hello(self, hello: dict[str, Any]) -> _Proc | None:
+    def _accept_hello(self, hello: dict[str, Any], peer_pid: int | None) -> _Proc | None:
         token, pid = hello.get("token"), hello.get("pid")
         if hello.get("op") != "hello" or type(token) is not str or type(pid) is not int or pid <= 0:
             return None
         proc = self._procs.get(token)
         if proc is None or proc.stream is not None or proc.dead.is_set():
             return None
-        if proc.pid is not None and proc.pid != pid:
+        if proc.wire_pid is not None and proc.wire_pid != pid:
             return None
-        proc.pid = pid
+        proc.wire_pid, proc.pid = pid, peer_pid or pid
         self._by_pid[pid] = proc
         return proc
 
@@ -627,9 +645,11 @@ class Kernel:
         elif op == "forked":
             child = self._procs.get(message.get("token"))  # type: ignore[arg-type]
             pid = message.get("pid")
-            if child is not None and child.parent is proc and child.pid is None \
+            if child is not None and child.parent is proc and child.wire_pid is None \
                     and type(pid) is int and pid > 0:
-                child.pid = pid
+                child.wire_pid = pid
+                if not self._jail.namespaces:
+                    child.pid = pid
                 self._by_pid[pid] = child
         elif op == "child_exit":
             target = self._by_pid.get(message.get("pid"))  # type: ignore[arg-type]
@@ -678,17 +698,23 @@ class Kernel:
     def _forget_if_finished(self, proc: _Proc) -> None:
         if proc.dead.is_set() and proc.exited.is_set() and proc is not self._root:
             self._procs.pop(proc.token, None)
-            if proc.pid is not None and self._by_pid.get(proc.pid) is proc:
-                del self._by_pid[proc.pid]
+            if proc.wire_pid is not None and self._by_pid.get(proc.wire_pid) is proc:
+                del self._by_pid[proc.wire_pid]
 
     def _kill(self, proc: _Proc, reason: str) -> None:
         """SIGKILL ``proc`` if it may still be running (never a pid known to be gone)."""
         if proc.stop_reason is None:
             proc.stop_reason = reason
-        if proc.pid is None or proc.dead.is_set() or proc.exited.is_set():
+        if proc.dead.is_set() or proc.exited.is_set():
+            return
+        pid = proc.pid
+        if pid is None and proc.wire_pid is not None and self._root is not None \
+                and self._root.pid is not None:  # forked in the jail, not connected yet
+            pid = jail.host_pid(proc.wire_pid, self._root.pid)
+        if pid is None:
             return
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(proc.pid, signal.SIGKILL)
+            os.kill(pid, signal.SIGKILL)
 
     def _worker_env(self, token: str) -> dict[str, str]:
         env = {"PATH": os.environ.get("PATH", os.defpath), "LANG": "C.UTF-8",
@@ -707,22 +733,30 @@ class Kernel:
 
     async def _start_root(self) -> None:
         root = self._new_proc("root")
+        command = [sys.executable, "-m", WORKER_MODULE, self._socket_path]
+        env = self._worker_env(root.token)
+        if self._jail.namespaces:  # the worker gets an empty environment plus these
+            del env["PATH"]
+            command = jail.bwrap_command(self._socket_path, env, self.limits.disk_mb) + command
+            env = {}
         with open(self._tmpdir / "worker.log", "ab") as log:
             process = await anyio.open_process(
-                [sys.executable, "-m", WORKER_MODULE, self._socket_path],
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
-                cwd=self._tmpdir / "work", env=self._worker_env(root.token),
-                start_new_session=True)
-        root.pid = process.pid
-        self._by_pid[process.pid] = root
+                command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
+                cwd=self._tmpdir / "work", env=env, start_new_session=True)
+        if not self._jail.namespaces:  # otherwise known from its connection
+            root.pid = root.wire_pid = process.pid
+            self._by_pid[process.pid] = root
         self._root, self._root_process = root, process
         self._group.start_soon(self._watch_root, process, root)
         await self._await_ready(root, "the sandbox worker")
+        lockdown = None
+        if self._jail.active:
+            lockdown = {"seccomp": self._jail.seccomp, "disk_mb": self.limits.disk_mb}
         await root.send({"op": "init", "tools": list(self._tools.items()), "limits": {
             "memory_mb": self.limits.memory_mb,
             "max_output_chars": self.limits.max_output_chars,
             "recursion_limit": self.limits.recursion_limit,
-        }})
+        }, "jail": lockdown})
 
     async def _watch_root(self, process: anyio.abc.Process, root: _Proc) -> None:
         code = await process.wait()
@@ -892,9 +926,13 @@ class Kernel:
     async def _stop_processes(self) -> None:
         """Kill every worker process and reap the root."""
         process, root = self._root_process, self._root
+        groups = {process.pid} if process is not None else set()
+        if root is not None and root.pid is not None:
+            groups.add(root.pid)  # in the jail, the workers have a session of their own
         if process is not None and process.returncode is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(process.pid, signal.SIGTERM)  # every process but the root
+            for group in groups:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(group, signal.SIGTERM)  # every process but the root
         others = [proc for proc in list(self._procs.values()) if proc is not root]
         for proc in others:
             self._kill(proc, "the kernel was closed")
@@ -909,12 +947,27 @@ class Kernel:
             with anyio.move_on_after(3):
                 await process.wait()
             if process.returncode is None:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(process.pid, signal.SIGKILL)
+                for group in groups:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(group, signal.SIGKILL)
                 await process.wait()
         self._procs.clear()
         self._by_pid.clear()
         self._root = self._root_process = None
+
+
+def _peer_pid(stream: anyio.abc.ByteStream) -> int | None:
+    """The pid of the process at the other end of a Unix socket, as this process sees it
+    (workers in the jail's PID namespace know themselves by other numbers)."""
+    sock = stream.extra(anyio.abc.SocketAttribute.raw_socket, None)
+    if sock is None or not hasattr(socket, "SO_PEERCRED"):
+        return None
+    try:
+        pid, _, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                        struct.calcsize("3i")))
+    except OSError:
+        return None
+    return pid if pid > 0 else None
 
 
 def _reply_value(reply: dict[str, Any]) -> Any:

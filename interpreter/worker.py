@@ -136,6 +136,40 @@ def load_callable(path: str) -> Callable[..., Any]:
     return value
 
 
+class CappedStream:
+    """A text stream that passes at most ``max_chars`` characters on to ``stream`` over its
+    lifetime (the worker's stderr log: nothing in the sandbox can fill the disk through it)."""
+
+    def __init__(self, stream: Any, max_chars: int) -> None:
+        self._stream = stream
+        self._room = max_chars
+        self._noted = False
+
+    def write(self, text: str) -> int:
+        """Write what still fits; note the truncation once."""
+        if self._room <= 0:
+            if not self._noted:
+                self._noted = True
+                self._stream.write("\n[worker stderr truncated]\n")
+            return len(text)
+        part = text[:self._room]
+        self._room -= len(part)
+        self._stream.write(part)
+        return len(text)
+
+    def flush(self) -> None:
+        """Flush the underlying stream."""
+        self._stream.flush()
+
+    def isatty(self) -> bool:
+        """Never a terminal."""
+        return False
+
+    @property
+    def encoding(self) -> str:
+        return getattr(self._stream, "encoding", "utf-8")
+
+
 def _ignore_signal(signum: int, frame: Any) -> None:
     """SIGCHLD handler: its only job is to wake ``select`` through the wakeup fd."""
 
@@ -464,6 +498,12 @@ def main(argv: list[str] | None = None) -> None:
     if init.get("op") != "init":
         sys.exit(f"expected init, got {init.get('op')!r}")
     limits = init["limits"]
+    sys.stderr = CappedStream(sys.stderr, int(limits["max_output_chars"]))
+    lockdown = init.get("jail")
+    if lockdown:  # before anything else runs here: every later process is a fork of this one
+        from .jail import lock_down
+
+        lock_down(lockdown.get("seccomp"), int(lockdown["disk_mb"]))
     config = WorkerConfig(
         socket_path=argv[1],
         memory_mb=int(limits["memory_mb"]),

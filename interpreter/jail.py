@@ -1,0 +1,317 @@
+"""The OS jail around the sandbox worker processes: the wall that holds when the Python-level
+policy (sandbox.py) is bypassed. See docs/sandbox.md for the threat model.
+
+Two halves:
+
+* **Runtime side** (:func:`plan_jail`, :func:`bwrap_command`): the root worker is started
+  under bubblewrap with new user, PID, network, IPC, UTS and cgroup namespaces, an empty
+  environment, no capabilities, and a filesystem of its own: an empty root holding only
+  read-only binds of what Python and agentrt need, the kernel's socket, a few device nodes
+  and a size-limited tmpfs at ``/tmp`` (the only writable path). The syscall filter is
+  compiled here once per runtime process with libseccomp (``pyseccomp``) into BPF bytes.
+* **Worker side** (:func:`lock_down`): after the root worker has said hello, it sets its
+  ``RLIMIT_*`` values, ``no_new_privs`` and loads the filter itself (stdlib only), before
+  any model code exists in the process. Holders, cells and shadow forks are forks of it and
+  inherit all of this.
+
+The filter allows ``fork`` (the worker's own fork-per-cell design needs it: a fork is a
+copy of the already-jailed worker) but refuses ``execve``/``execveat``, clone flags that
+create namespaces, ``clone3`` (answered ENOSYS so libc falls back to ``clone``, whose flags
+can be checked), sockets other than ``AF_UNIX``, ``ptrace`` and cross-process memory access,
+mounts and namespace changes, kernel module / keyring / BPF / perf / io_uring interfaces, and
+terminal input injection.
+
+Modes: ``KernelLimits(jail=None)`` (default) jails when the machine allows it and otherwise
+logs one warning and runs with the filter and limits only (or nothing, if even those are
+unavailable); ``jail=True`` requires the full jail (start fails otherwise); ``jail=False``
+turns it off. The environment variable ``AGENTRT_JAIL`` (``0``/``off`` or ``1``/``on``)
+overrides the default.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import functools
+import importlib.util
+import logging
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+from dataclasses import dataclass
+
+logger = logging.getLogger(__name__)
+
+JAIL_ENV = "AGENTRT_JAIL"
+"""``0``/``off``/``false`` disables the jail by default; ``1``/``on``/``true`` requires it."""
+
+MAX_OPEN_FILES = 256
+MAX_PROCESSES = 256
+JAIL_TMP = "/tmp"
+"""The jail's private writable directory (a tmpfs of ``KernelLimits.disk_mb``) and its cwd."""
+
+_DEVICES = ("/dev/null", "/dev/zero", "/dev/random", "/dev/urandom")
+_SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+_SYSTEM_FILES = ("/etc/ld.so.cache", "/etc/localtime")
+_WORKER_PACKAGES = ("agentrt", "agentrt.interpreter", "agentrt.tools", "RestrictedPython")
+_NAMESPACE_FLAGS = ("--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc",
+                    "--unshare-uts", "--unshare-cgroup-try")
+
+# Syscalls refused with EPERM (names unknown on this architecture are skipped).
+DENIED_SYSCALLS = (
+    "execve", "execveat",                                           # start a program
+    "ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd",  # other processes
+    "unshare", "setns", "mount", "umount2", "pivot_root", "chroot", "mount_setattr",
+    "fsopen", "fsconfig", "fsmount", "fspick", "move_mount", "open_tree",
+    "open_by_handle_at", "name_to_handle_at",                       # escape a mount ns
+    "init_module", "finit_module", "delete_module", "kexec_load", "kexec_file_load",
+    "bpf", "perf_event_open", "userfaultfd", "keyctl", "add_key", "request_key",
+    "io_uring_setup", "io_uring_enter", "io_uring_register",        # bypasses this filter
+    "reboot", "swapon", "swapoff", "syslog", "acct", "quotactl", "settimeofday",
+    "clock_settime", "adjtimex", "clock_adjtime", "personality", "vhangup",
+)
+_CLONE_NEW_FLAGS = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000,
+                    0x20000000, 0x40000000, 0x00000080)  # NEWNS CGROUP UTS IPC USER PID NET TIME
+_TIOCSTI = 0x5412
+
+
+class JailUnavailable(RuntimeError):
+    """The jail was required (``jail=True`` or ``AGENTRT_JAIL=1``) but cannot be set up."""
+
+
+@dataclass(frozen=True)
+class JailPlan:
+    """How worker processes are confined: ``namespaces`` (bubblewrap) and ``seccomp`` (the
+    compiled filter, or None). ``warning`` says what is missing, when something is."""
+
+    namespaces: bool
+    seccomp: bytes | None
+    warning: str | None = None
+
+    @property
+    def active(self) -> bool:
+        """Whether any OS-level confinement applies."""
+        return self.namespaces or self.seccomp is not None
+
+
+OFF = JailPlan(False, None)
+
+
+def requested_mode(requested: bool | None) -> bool | None:
+    """``requested`` (from KernelLimits), or the ``AGENTRT_JAIL`` default when it is None."""
+    if requested is not None:
+        return requested
+    value = os.environ.get(JAIL_ENV, "").strip().lower()
+    if value in ("0", "off", "false", "no"):
+        return False
+    if value in ("1", "on", "true", "yes", "required"):
+        return True
+    return None
+
+
+_warned = False
+
+
+def plan_jail(requested: bool | None) -> JailPlan:
+    """Decide how to confine workers (may probe bubblewrap once; blocking, ~10 ms)."""
+    global _warned
+    mode = requested_mode(requested)
+    if mode is False:
+        return OFF
+    plan = _best_plan()
+    if plan.warning is not None:
+        if mode is True:
+            raise JailUnavailable(f"the sandbox OS jail is required but {plan.warning}")
+        if not _warned:
+            _warned = True
+            logger.warning("agentrt: %s; sandbox workers run with reduced OS isolation "
+                           "(set %s=0 or KernelLimits(jail=False) to silence this)",
+                           plan.warning, JAIL_ENV)
+    return plan
+
+
+@functools.cache
+def _best_plan() -> JailPlan:
+    problems = []
+    try:
+        program = seccomp_program()
+    except Exception as exc:  # missing binding or library, unsupported architecture
+        program = None
+        problems.append(f"no seccomp filter ({type(exc).__name__}: {exc})")
+    reason = _bwrap_problem()
+    if reason is not None:
+        problems.append(f"no namespaces ({reason})")
+    return JailPlan(reason is None, program, "; ".join(problems) or None)
+
+
+def _bwrap_problem() -> str | None:
+    """Why bubblewrap cannot jail a process here, or None when it can."""
+    if not sys.platform.startswith("linux"):
+        return "not Linux"
+    binary = shutil.which("bwrap")
+    if binary is None:
+        return "bubblewrap (bwrap) is not installed"
+    probe = [binary, *_NAMESPACE_FLAGS, "--cap-drop", "ALL", *_system_binds(), "--", "true"]
+    try:
+        done = subprocess.run(probe, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, timeout=10, env={})
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"bwrap failed to run: {exc}"
+    if done.returncode != 0:
+        detail = done.stderr.decode(errors="replace").strip().splitlines()
+        return "bwrap cannot create namespaces here" + (f": {detail[-1]}" if detail else "")
+    return None
+
+
+def _system_binds() -> list[str]:
+    args: list[str] = []
+    for path in _SYSTEM_DIRS:
+        if os.path.islink(path):
+            args += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            args += ["--ro-bind", path, path]
+    return args
+
+
+def _python_paths() -> list[str]:
+    """Directories the worker needs to import Python, agentrt and its dependencies."""
+    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+             os.path.dirname(os.path.realpath(sys.executable))}
+    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+        paths.add(sysconfig.get_paths()[key])
+    for name in _WORKER_PACKAGES:
+        spec = importlib.util.find_spec(name)
+        if spec is not None:
+            paths.update(spec.submodule_search_locations or [])
+            if spec.origin:
+                paths.add(os.path.dirname(spec.origin))
+    for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+        if entry:
+            paths.add(os.path.abspath(entry))
+    existing = sorted(os.path.realpath(p) for p in paths if os.path.isdir(p))
+    existing += sorted(p for p in paths if os.path.isdir(p) and os.path.realpath(p) != p)
+    kept: list[str] = []
+    for path in existing:  # drop paths already inside a kept one (same spelling)
+        if not any(path == k or path.startswith(k.rstrip("/") + "/") for k in kept):
+            kept.append(path)
+    return kept
+
+
+def bwrap_command(socket_path: str, environment: dict[str, str], disk_mb: int) -> list[str]:
+    """The bubblewrap argv prefix that starts the root worker in its jail."""
+    args = [shutil.which("bwrap") or "bwrap", *_NAMESPACE_FLAGS, "--disable-userns",
+            "--die-with-parent", "--new-session", "--as-pid-1", "--cap-drop", "ALL",
+            "--clearenv"]
+    for key, value in environment.items():
+        args += ["--setenv", key, value]
+    args += _system_binds()
+    # The private tmpfs first: binds below may lie under /tmp (the socket usually does).
+    args += ["--size", str(max(disk_mb, 1) * 1024 * 1024), "--perms", "0700",
+             "--tmpfs", JAIL_TMP]
+    for path in _SYSTEM_FILES:
+        args += ["--ro-bind-try", path, path]
+    for path in _python_paths():
+        args += ["--ro-bind", path, path]
+    args += ["--dir", "/dev"]
+    for device in _DEVICES:
+        args += ["--dev-bind-try", device, device]
+    args += ["--ro-bind", socket_path, socket_path]
+    args += ["--remount-ro", "/", "--chdir", JAIL_TMP, "--"]
+    return args
+
+
+def seccomp_program() -> bytes:
+    """The worker's syscall filter as raw BPF (compiled with libseccomp via pyseccomp)."""
+    import socket
+    import tempfile
+
+    import pyseccomp as sc
+
+    denied = sc.ERRNO(errno.EPERM)
+    program = sc.SyscallFilter(sc.ALLOW)
+    for name in DENIED_SYSCALLS:
+        try:
+            program.add_rule(denied, name)
+        except (ValueError, OSError, RuntimeError):
+            continue  # not a syscall on this architecture
+    program.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")
+    for flag in _CLONE_NEW_FLAGS:
+        program.add_rule(denied, "clone", sc.Arg(0, sc.MASKED_EQ, flag, flag))
+    program.add_rule(sc.ERRNO(errno.EAFNOSUPPORT), "socket",
+                     sc.Arg(0, sc.NE, socket.AF_UNIX))
+    program.add_rule(denied, "ioctl", sc.Arg(1, sc.MASKED_EQ, 0xFFFFFFFF, _TIOCSTI))
+    with tempfile.TemporaryFile() as out:
+        program.export_bpf(out)
+        out.seek(0)
+        return out.read()
+
+
+# --------------------------------------------------------------------------- worker side
+
+_PR_SET_NO_NEW_PRIVS = 38
+_PR_SET_SECCOMP = 22
+_SECCOMP_MODE_FILTER = 2
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def lock_down(seccomp: bytes | None, disk_mb: int) -> None:
+    """In the root worker: set the jail's RLIMITs, ``no_new_privs`` and the syscall filter.
+
+    Hard limits are lowered too, so nothing in the process can raise them again.
+    """
+    size = max(disk_mb, 1) * 1024 * 1024
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an oversized write fails with EFBIG
+    for limit, value in ((resource.RLIMIT_FSIZE, size), (resource.RLIMIT_NOFILE, MAX_OPEN_FILES),
+                         (resource.RLIMIT_NPROC, MAX_PROCESSES), (resource.RLIMIT_CORE, 0)):
+        _, hard = resource.getrlimit(limit)
+        if hard != resource.RLIM_INFINITY:
+            value = min(value, hard)
+        resource.setrlimit(limit, (value, value))
+    if seccomp is None:
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_NO_NEW_PRIVS, ctypes.c_ulong(1), ctypes.c_ulong(0),
+                  ctypes.c_ulong(0), ctypes.c_ulong(0)) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
+    if len(seccomp) % 8 or not seccomp:
+        raise ValueError("malformed seccomp program")
+    buffer = ctypes.create_string_buffer(seccomp, len(seccomp))
+    fprog = _SockFprog(len(seccomp) // 8, ctypes.cast(buffer, ctypes.c_void_p))
+    if libc.prctl(_PR_SET_SECCOMP, ctypes.c_ulong(_SECCOMP_MODE_FILTER),
+                  ctypes.byref(fprog), ctypes.c_ulong(0), ctypes.c_ulong(0)) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP) failed")
+
+
+# --------------------------------------------------------------------------- pids
+
+def host_pid(ns_pid: int, init_host_pid: int) -> int | None:
+    """The runtime-side pid of process ``ns_pid`` of the PID namespace whose init is
+    ``init_host_pid`` (None if it is not running)."""
+    try:
+        namespace = os.readlink(f"/proc/{init_host_pid}/ns/pid")
+    except OSError:
+        return None
+    if ns_pid == 1:
+        return init_host_pid
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.readlink(f"/proc/{entry.name}/ns/pid") != namespace:
+                continue
+            with open(f"/proc/{entry.name}/status") as status:
+                for line in status:
+                    if line.startswith("NSpid:"):
+                        if int(line.split()[-1]) == ns_pid:
+                            return int(entry.name)
+                        break
+        except (OSError, ValueError):
+            continue
+    return None

@@ -1,0 +1,223 @@
+"""Assume breach: unrestricted Python inside a jailed worker still cannot reach the host.
+
+Each test installs, through a real ``extend`` hook, a builtin that runs *unrestricted*
+Python source in the worker process (as if the restricted-Python wall were already broken),
+then tries one escape. Every check must hold because of the OS jail alone; with the jail
+switched off these tests fail.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+
+import anyio
+import pytest
+
+from agentrt.interpreter import Kernel, KernelLimits
+
+pytestmark = pytest.mark.anyio
+
+LIMITS = KernelLimits(cpu_s=5, wall_s=30, memory_mb=512, disk_mb=16, jail=True)
+
+BREACH_MODULE = '''
+def install(sandbox, channel):
+    def unrestricted(source):
+        scope = {"__name__": "breach"}
+        exec(source, scope)   # full builtins: open, __import__, os, ctypes...
+        return scope.get("result")
+    sandbox.install_builtin("unrestricted", unrestricted)
+'''
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+async def echo_tool(name: str, args: tuple, kwargs: dict):
+    return list(args)
+
+
+@pytest.fixture
+async def breached(tmp_path, monkeypatch):
+    """A jailed kernel whose namespace has the ``unrestricted`` builtin."""
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "breach_hook.py").write_text(BREACH_MODULE)
+    monkeypatch.setenv("PYTHONPATH", str(hooks))
+    async with Kernel(echo_tool, ["echo"], LIMITS) as kernel:
+        await kernel.extend("breach_hook:install")
+        assert (await kernel.execute("sentinel = 42")).ok
+        yield kernel
+        after = await kernel.execute("print(sentinel + 1, echo('still here'))")
+        assert after.ok, after.error
+        assert after.stdout == "43 ['still here']\n"
+
+
+async def breach(kernel: Kernel, source: str):
+    """Run ``source`` unrestricted in the worker; return its ``result`` (or the error)."""
+    await kernel.set_variable("source", source)
+    result = await kernel.execute("outcome = unrestricted(source)")
+    if not result.ok:
+        return result.error
+    return await kernel.get_variable("outcome")
+
+
+def attempt(body: str) -> str:
+    """Source that runs ``body`` and sets ``result`` to 'ok: <value>' or '<Error>: ...'."""
+    indented = "\n".join("    " + line for line in body.strip().splitlines())
+    return (f"try:\n{indented}\n    result = 'ok: ' + repr(value)\n"
+            "except BaseException as exc:\n    result = f'{type(exc).__name__}: {exc}'\n")
+
+
+async def test_cannot_read_a_host_file(breached, tmp_path):
+    secret = tmp_path / "host" / "secret.txt"
+    secret.parent.mkdir()
+    secret.write_text("the host secret")
+    repo_file = os.path.abspath("pyproject.toml") if os.path.exists("pyproject.toml") else None
+    for path in filter(None, [str(secret), repo_file, "/etc/hostname", "/proc/1/environ"]):
+        outcome = await breach(breached, attempt(f"value = open({path!r}).read()"))
+        assert not outcome.startswith("ok"), (path, outcome)
+        assert "host secret" not in outcome
+    listing = await breach(breached, attempt(
+        "import os\nvalue = sorted(os.listdir('/')), sorted(os.listdir('/etc'))"))
+    assert listing.startswith("ok"), listing
+    assert "'home'" not in listing and "'proc'" not in listing and "'passwd'" not in listing
+
+
+async def test_cannot_see_host_environment(breached, monkeypatch):
+    monkeypatch.setenv("AGENTRT_TEST_SECRET", "env-secret-value")
+    outcome = await breach(breached, attempt("import os\nvalue = dict(os.environ)"))
+    assert outcome.startswith("ok"), outcome
+    assert "env-secret-value" not in outcome and "AGENTRT_TEST_SECRET" not in outcome
+    assert "'HOME'" not in outcome and "'PATH'" not in outcome
+
+
+async def test_cannot_write_outside_its_directory(breached, tmp_path):
+    # tmp_path's parents exist in the jail only as directories on its private tmpfs (bound
+    # hook directories live there), so a write may "succeed" there: what counts is the host.
+    for target in (tmp_path / "written-by-sandbox", "/written-by-sandbox"):
+        await breach(breached, attempt(
+            f"with open({str(target)!r}, 'w') as f:\n    value = f.write('x')"))
+    for target in ("/written-by-sandbox", "/usr/written-by-sandbox", "/dev/written"):
+        outcome = await breach(breached, attempt(
+            f"with open({target!r}, 'w') as f:\n    value = f.write('x')"))
+        assert "Read-only file system" in outcome, (target, outcome)
+    assert not (tmp_path / "written-by-sandbox").exists()
+    assert not os.path.exists("/written-by-sandbox")
+    own = await breach(breached, attempt(
+        "with open('/tmp/scratch.txt', 'w') as f:\n    value = f.write('inside')"))
+    assert own == "ok: 6", own  # its private tmpfs works and is not the host's /tmp
+    assert not os.path.exists("/tmp/scratch.txt")
+
+
+async def test_cannot_open_network_connections(breached):
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    accepted: list[object] = []
+    stop = threading.Event()
+
+    def serve() -> None:
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                accepted.append(server.accept()[0])
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        for body in (f"import socket\nvalue = socket.create_connection(('127.0.0.1', {port}), 2)",
+                     "import socket\nvalue = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)",
+                     "import socket\nvalue = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW)"):
+            outcome = await breach(breached, attempt(body))
+            assert not outcome.startswith("ok"), outcome
+        await anyio.sleep(0.3)
+        assert accepted == []
+    finally:
+        stop.set()
+        thread.join()
+        server.close()
+
+
+async def test_cannot_start_a_process(breached, tmp_path):
+    marker = tmp_path / "ran"
+    for body in (f"import subprocess\nvalue = subprocess.run(['/bin/touch', {str(marker)!r}])",
+                 f"import os\nvalue = os.system('touch {marker}')",
+                 "import os\nvalue = os.execv('/bin/true', ['true'])"):
+        outcome = await breach(breached, attempt(body))
+        assert not outcome.startswith("ok: CompletedProcess(args=['/bin/touch'"), outcome
+        # subprocess and execv: EPERM; os.system: the forked shell cannot exec (127 << 8)
+        assert outcome.startswith(("PermissionError", f"ok: {127 << 8}")), outcome
+    assert not marker.exists()
+
+
+async def test_cannot_escape_through_kernel_interfaces(breached):
+    """ptrace, new namespaces and mounts are refused by the syscall filter."""
+    source = attempt("""
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+value = [libc.ptrace(16, os.getppid(), 0, 0), ctypes.get_errno(),
+         libc.unshare(0x10000000), ctypes.get_errno(),
+         libc.mount(b"none", b"/tmp", b"tmpfs", 0, None), ctypes.get_errno()]
+""")
+    outcome = await breach(breached, source)
+    assert outcome == "ok: [-1, 1, -1, 1, -1, 1]", outcome  # EPERM three times
+
+
+async def test_fork_still_works_but_the_child_is_jailed(breached):
+    source = attempt("""
+import os
+read_end, write_end = os.pipe()
+pid = os.fork()
+if pid == 0:
+    try:
+        os.execv('/bin/true', ['true'])
+    except OSError as exc:
+        os.write(write_end, str(exc.errno).encode())
+    os._exit(0)
+os.close(write_end)
+os.waitpid(pid, 0)
+value = os.read(read_end, 10).decode()
+""")
+    assert await breach(breached, source) == "ok: '1'"
+
+
+async def test_disk_is_bounded(breached):
+    outcome = await breach(breached, attempt("""
+with open('/tmp/fill', 'wb') as f:
+    for _ in range(64):
+        f.write(b'x' * 1024 * 1024)
+value = 'wrote 64 MB'
+"""))
+    assert outcome.startswith("OSError"), outcome
+    assert "File too large" in outcome or "No space left" in outcome
+    cleanup = await breach(breached, attempt("import os\nos.remove('/tmp/fill')\nvalue = 1"))
+    assert cleanup == "ok: 1"
+
+
+async def test_stderr_flood_is_capped(breached):
+    outcome = await breach(breached, attempt("""
+import sys
+for _ in range(200):
+    sys.stderr.write('y' * 100_000)
+value = 'flooded'
+"""))
+    assert outcome == "ok: 'flooded'"
+    log = os.path.join(str(breached._tmpdir), "worker.log")
+    assert os.path.getsize(log) < 2 * LIMITS.max_output_chars + 10_000
+
+
+async def test_memory_is_bounded(breached):
+    outcome = await breach(breached, attempt("value = len(bytearray(2 * 1024 ** 3))"))
+    assert outcome.startswith("MemoryError"), outcome
+
+
+async def test_killing_itself_is_a_clear_error_and_the_kernel_goes_on(breached):
+    result = await breached.execute("unrestricted('import os, signal\\n"
+                                    "os.kill(os.getpid(), signal.SIGKILL)')")
+    assert result.killed and "SIGKILL" in result.error
+    assert "variables it assigned were discarded" in result.error
