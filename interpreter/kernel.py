@@ -760,6 +760,8 @@ class Kernel:
 
     async def _watch_root(self, process: anyio.abc.Process, root: _Proc) -> None:
         code = await process.wait()
+        if self._jail.namespaces and code > 128:  # bubblewrap reports a signal as 128 + n
+            code = -(code - 128)
         root.record_exit(code if code >= 0 else None, -code if code < 0 else None)
         if root.stream is None:
             root.mark_dead()

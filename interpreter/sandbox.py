@@ -22,9 +22,13 @@ import _string  # type: ignore[import-not-found]
 import ast
 import builtins
 import collections
+import copy as _copy_module
+import dataclasses as _dataclasses_module
 import decimal
+import enum
 import functools
 import importlib
+import io
 import keyword
 import operator
 import pprint as _pprint_module
@@ -33,6 +37,7 @@ import reprlib
 import string
 import sys
 import types
+import typing as typing_module
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -200,7 +205,24 @@ def guarded_getattr(obj: Any, name: str, default: Any = _MISSING) -> Any:
     if isinstance(value, _FORBIDDEN_RESULT_TYPES):
         raise AttributeError(
             f'"{name}" is a {type(value).__name__} object, which the sandbox may not access')
-    return value
+    if name == "getbuffer" and isinstance(obj, io.BytesIO):
+        raise AttributeError('"getbuffer" is not accessible in the sandbox (no raw memory access)')
+    return _without_raw_format(value)
+
+
+_RAW_STR_FORMAT = {str.format: _safe_format, str.format_map: _safe_format_map}
+
+
+def _without_raw_format(value: Any) -> Any:
+    """``value``, unless it is the raw ``str.format``/``format_map`` (reached e.g. through
+    ``super()`` in a ``str`` subclass): then the guarded version."""
+    if type(value) is types.BuiltinMethodType and isinstance(value.__self__, str) \
+            and value.__name__ in _STR_METHOD_OVERRIDES:
+        return functools.partial(_STR_METHOD_OVERRIDES[value.__name__], value.__self__)
+    try:
+        return _RAW_STR_FORMAT.get(value, value)
+    except TypeError:  # unhashable
+        return value
 
 
 def guarded_hasattr(obj: Any, name: str) -> bool:
@@ -325,18 +347,159 @@ def _safe_methodcaller(name: str, /, *args: Any, **kwargs: Any) -> Callable[[Any
     return lambda obj: guarded_getattr(obj, name)(*args, **kwargs)
 
 
+def check_field_names(names: Any, what: str, allowed: tuple[str, ...] = ()) -> None:
+    """Raise unless every name is a public identifier (class factories put names into
+    generated source or set them as attributes)."""
+    for name in names:
+        if name in allowed:
+            continue
+        if type(name) is not str or not name.isidentifier() or keyword.iskeyword(name) \
+                or name.startswith("_"):
+            raise TypeError(f"{what}: {name!r} is not allowed in the sandbox (names must be "
+                            "identifiers that do not start with '_')")
+
+
 def _safe_update_wrapper(wrapper: Any, wrapped: Any,
                          assigned: Any = functools.WRAPPER_ASSIGNMENTS,
                          updated: Any = functools.WRAPPER_UPDATES) -> Any:
+    """``functools.update_wrapper`` onto a function or instance defined in the sandbox,
+    copying only strings, public annotations and public attributes."""
     if (tuple(assigned), tuple(updated)) != (functools.WRAPPER_ASSIGNMENTS,
                                              functools.WRAPPER_UPDATES):
         raise ValueError("custom 'assigned'/'updated' attributes are not supported in the sandbox")
-    return functools.update_wrapper(guarded_write(wrapper), wrapped)
+    if isinstance(wrapper, type) or not _defined_in_sandbox(wrapper):
+        raise TypeError("functools.update_wrapper: the wrapper must be a function or an "
+                        "instance defined in the sandbox")
+    for name in ("__module__", "__name__", "__qualname__", "__doc__"):
+        value = getattr(wrapped, name, None)
+        if type(value) is str or (name == "__doc__" and value is None):
+            setattr(wrapper, name, value)
+    annotations = getattr(wrapped, "__annotations__", None)
+    if isinstance(annotations, dict):
+        check_field_names(list(annotations), "functools.update_wrapper", allowed=("return",))
+        wrapper.__annotations__ = dict(annotations)
+    extra = getattr(wrapped, "__dict__", None)
+    if isinstance(extra, dict):
+        for name, value in list(extra.items()):
+            if type(name) is str and name.isidentifier() and not name.startswith("_"):
+                setattr(wrapper, name, value)
+    wrapper.__wrapped__ = wrapped
+    return wrapper
 
 
 def _safe_wraps(wrapped: Any, assigned: Any = functools.WRAPPER_ASSIGNMENTS,
                 updated: Any = functools.WRAPPER_UPDATES) -> Callable[[Any], Any]:
     return lambda wrapper: _safe_update_wrapper(wrapper, wrapped, assigned, updated)
+
+
+def _writing_to_argument(function: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap a decorator that sets attributes on its argument: only on sandbox objects."""
+
+    @functools.wraps(function)
+    def decorate(target: Any, *args: Any, **kwargs: Any) -> Any:
+        return function(guarded_write(target), *args, **kwargs)
+
+    return decorate
+
+
+def _safe_dataclass(cls: Any = None, /, **options: Any) -> Any:
+    """``dataclasses.dataclass`` for classes defined in the sandbox whose field names are
+    public identifiers (dataclasses generates source code from them)."""
+
+    def wrap(target: Any) -> Any:
+        if not isinstance(target, type) or not _defined_in_sandbox(target):
+            raise TypeError("dataclass() applies only to classes defined in the sandbox")
+        check_field_names(list(target.__dict__.get("__annotations__", {})), "dataclass field")
+        return _dataclasses_module.dataclass(target, **options)
+
+    return wrap if cls is None else wrap(cls)
+
+
+class _CheckedReconstruct:
+    """``copy``'s reconstruction step, refusing what only an attack needs: a reduction that
+    rebuilds a class, module or function, or state that sets dunder attributes."""
+
+    def __init__(self, real: Callable[..., Any]) -> None:
+        self.real = real
+
+    def __call__(self, x: Any, memo: Any, func: Any, args: Any, state: Any = None,
+                 *rest: Any, **kwargs: Any) -> Any:
+        if isinstance(state, tuple) and len(state) == 2 and isinstance(state[1], dict):
+            for key in state[1]:
+                if type(key) is not str or (key.startswith("__") and key.endswith("__")):
+                    raise TypeError(f"copy: refusing to set attribute {key!r} in the sandbox")
+
+        def build(*build_args: Any, **build_kwargs: Any) -> Any:
+            made = func(*build_args, **build_kwargs)
+            if isinstance(made, (type, types.ModuleType, types.FunctionType,
+                                 types.BuiltinFunctionType, types.MethodType)):
+                raise TypeError("copy: this object's reduction rebuilds a class, module or "
+                                "function, which the sandbox refuses")
+            return made
+
+        return self.real(x, memo, build, args, state, *rest, **kwargs)
+
+
+def _with_checked_copy(function: Callable[..., Any]) -> Callable[..., Any]:
+    """Run ``function`` (copy.copy, deepcopy, dataclasses.asdict...) with the checked
+    reconstruction step (workers are single-threaded, so swapping it is safe)."""
+
+    @functools.wraps(function)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        real = _copy_module._reconstruct
+        if isinstance(real, _CheckedReconstruct):
+            return function(*args, **kwargs)
+        _copy_module._reconstruct = _CheckedReconstruct(real)
+        try:
+            return function(*args, **kwargs)
+        finally:
+            _copy_module._reconstruct = real
+
+    return call
+
+
+def _safe_namedtuple(typename: str, field_names: Any, *, rename: bool = False,
+                     defaults: Any = None, module: Any = None) -> type:
+    """``collections.namedtuple``, always owned by the sandbox (no ``module=``)."""
+    if module is not None:
+        raise ValueError("namedtuple(module=...) is not supported in the sandbox")
+    return collections.namedtuple(typename, field_names, rename=rename, defaults=defaults,
+                                  module=SANDBOX_MODULE_NAME)
+
+
+def _member_names(names: Any) -> tuple[Any, list[Any]]:
+    """A stable copy of an Enum functional-API ``names`` argument and the names in it."""
+    if isinstance(names, str):
+        return names, names.replace(",", " ").split()
+    if isinstance(names, Mapping):
+        names = dict(names)
+        return names, list(names)
+    names = list(names)
+    return names, [item if isinstance(item, str) else tuple(item)[0] for item in names]
+
+
+def _sandbox_enum(base: type) -> type:
+    """A subclass of enum class ``base`` whose functional API (``Enum('E', names)``)
+    refuses private and dunder names, which would become arbitrary class attributes."""
+
+    def create(cls: Any, class_name: Any, names: Any, **options: Any) -> Any:
+        names, keys = _member_names(names)
+        check_field_names(keys, "Enum member name")
+        if options.get("module") is None:
+            options["module"] = SANDBOX_MODULE_NAME
+        return real_create.__func__(cls, class_name, names, **options)
+
+    real_create = base._create_
+    safe = types.new_class(base.__name__, (base,), exec_body=lambda ns: ns.update(
+        {"__module__": base.__module__, "__qualname__": base.__qualname__}))
+    safe._create_ = classmethod(create)
+    return safe
+
+
+def _reveal_type(obj: Any, /) -> Any:
+    """``typing.reveal_type``, printing to the cell's output instead of stderr."""
+    write_output(f"Runtime type is {type(obj).__name__!r}\n")
+    return obj
 
 
 def _sandbox_pprint(obj: Any, *args: Any, **kwargs: Any) -> None:
@@ -351,18 +514,35 @@ class _ModuleRule:
     replace: Mapping[str, Any] | None = None
 
 
+_SANDBOX_ENUMS = {name: _sandbox_enum(getattr(enum, name))
+                  for name in ("Enum", "IntEnum", "Flag", "IntFlag", "StrEnum")
+                  if hasattr(enum, name)}
+
 _MODULE_RULES: dict[str, _ModuleRule] = {
-    "typing": _ModuleRule(deny=frozenset({"get_type_hints", "ForwardRef"})),  # both eval strings
+    "typing": _ModuleRule(
+        deny=frozenset({"get_type_hints", "ForwardRef"}),  # both eval strings
+        replace={"reveal_type": _reveal_type,
+                 **{name: _writing_to_argument(getattr(typing_module, name))
+                    for name in ("final", "no_type_check", "runtime_checkable")}}),
     "functools": _ModuleRule(
         deny=frozenset({"singledispatch", "singledispatchmethod"}),  # register() evals hints
-        replace={"update_wrapper": _safe_update_wrapper, "wraps": _safe_wraps}),
+        replace={"update_wrapper": _safe_update_wrapper, "wraps": _safe_wraps,
+                 "total_ordering": _writing_to_argument(functools.total_ordering)}),
+    "copy": _ModuleRule(replace={"copy": _with_checked_copy(_copy_module.copy),
+                                 "deepcopy": _with_checked_copy(_copy_module.deepcopy)}),
     "operator": _ModuleRule(
         replace={"attrgetter": _safe_attrgetter, "methodcaller": _safe_methodcaller}),
     "string": _ModuleRule(deny=frozenset({"Formatter"})),
-    "collections": _ModuleRule(deny=frozenset({"UserString"})),  # .format() is raw str.format
+    "collections": _ModuleRule(deny=frozenset({"UserString"}),  # .format() is raw str.format
+                               replace={"namedtuple": _safe_namedtuple}),
     "enum": _ModuleRule(deny=frozenset({"global_enum", "global_enum_repr", "global_flag_repr",
-                                        "global_str"})),
-    "dataclasses": _ModuleRule(deny=frozenset({"make_dataclass"})),
+                                        "global_str", "EnumMeta", "EnumType", "ReprEnum"}),
+                        replace=_SANDBOX_ENUMS),
+    "dataclasses": _ModuleRule(
+        deny=frozenset({"make_dataclass"}),
+        replace={"dataclass": _safe_dataclass,
+                 "asdict": _with_checked_copy(_dataclasses_module.asdict),
+                 "astuple": _with_checked_copy(_dataclasses_module.astuple)}),
     "time": _ModuleRule(only=("sleep", "time", "time_ns", "monotonic", "monotonic_ns",
                               "perf_counter", "perf_counter_ns", "gmtime", "localtime",
                               "strftime", "mktime", "struct_time")),

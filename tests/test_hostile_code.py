@@ -5,6 +5,8 @@ Add new escape attempts to HOSTILE_CELLS: (code, expected error type).
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from agentrt.interpreter import Kernel, KernelLimits
@@ -12,6 +14,36 @@ from agentrt.interpreter import Kernel, KernelLimits
 pytestmark = pytest.mark.anyio
 
 LIMITS = KernelLimits(cpu_s=1, wall_s=20, memory_mb=1024)
+
+# Arbitrary code if it ever runs: a KeyError naming the worker's pid ("escaped:<pid>").
+PAYLOAD = "payload = \"a,dict()['escaped:' + str(__import__('os').getpid())]\"\n"
+# dataclasses generates __eq__/__repr__ source from field names: a crafted name is code.
+RUN_DATACLASS_CODEGEN = ("Made = dataclasses.dataclass(init=False)(Target)\n"
+                         "probe = Made()\nprobe.a = 1\nprobe == probe\n")
+ENUM_ANNOTATIONS_CHAIN = PAYLOAD + (
+    "import dataclasses, enum, functools\n"
+    "Carrier = enum.Enum('Carrier', {'__annotations__': {payload: int}, 'X': 1})\n"
+    "class Target:\n    pass\n"
+    "try:\n    functools.update_wrapper(Target, Carrier)\nexcept AttributeError:\n    pass\n"
+) + RUN_DATACLASS_CODEGEN
+TYPEDDICT_ANNOTATIONS_CHAIN = PAYLOAD + (
+    "import dataclasses, functools, typing\n"
+    "Carrier = typing.TypedDict('Carrier', {payload: int})\n"
+    "class Target:\n    pass\n"
+    "try:\n    functools.update_wrapper(Target, Carrier)\nexcept AttributeError:\n    pass\n"
+) + RUN_DATACLASS_CODEGEN
+COPY_REDUCE_CHAIN = PAYLOAD + (
+    "import copy, dataclasses, enum\n"
+    "class Target:\n    pass\n"
+    "def rebuild():\n    return Target\n"
+    "Sneaky = enum.Enum('Sneaky', {'__copy__': None, 'M': 1, '__reduce_ex__': lambda self, p: "
+    "(rebuild, (), (None, {'__annotations__': {payload: int}}))})\n"
+    "copy.copy(Sneaky.M)\n"
+) + RUN_DATACLASS_CODEGEN
+FORMAT_VIA_SUPER_CHAIN = (
+    "class Shout(str):\n    def render(self):\n        return super().format(self)\n"
+    "Shout('{0.render.__globals__[__builtins__][getattr].__globals__[sys].modules[os]"
+    ".environ}').render()\n")
 
 GEN = "def gen():\n    yield 1\nit = gen()\nnext(it)\n"
 CAUGHT = "try:\n    1 / 0\nexcept Exception as caught:\n    err = caught\n"
@@ -105,6 +137,35 @@ HOSTILE_CELLS = [
     pytest.param("type(int)('X', (object,), {})", "TypeError", id="metaclass-of-int"),
     pytest.param("import enum\ntype(enum.Enum)('X', (), {})", "TypeError", id="enum-metaclass"),
     pytest.param("class A:\n    __slots__ = ()", "SyntaxError", id="dunder-in-class"),
+    # class factories and attribute writers in allowed modules
+    pytest.param("import enum\nAlways = enum.Enum('Always', {'__eq__': lambda a, b: True, "
+                 "'ONE': 1})", "TypeError", id="enum-functional-dunder"),
+    pytest.param("import enum\nenum.Enum('E', [('_sunder_', 1)])", "TypeError",
+                 id="enum-functional-private"),
+    pytest.param("import enum\nenum.EnumType", "AttributeError", id="enum-metaclass-attribute"),
+    pytest.param(ENUM_ANNOTATIONS_CHAIN, "TypeError", id="enum-annotations-update-wrapper"),
+    pytest.param(TYPEDDICT_ANNOTATIONS_CHAIN, "TypeError",
+                 id="typeddict-annotations-update-wrapper"),
+    pytest.param(PAYLOAD + "import dataclasses, typing\n"
+                 "Target = typing.TypedDict('Target', {payload: int})\n" + RUN_DATACLASS_CODEGEN,
+                 "TypeError", id="dataclass-crafted-field-name"),
+    pytest.param(COPY_REDUCE_CHAIN, "TypeError", id="copy-reduce-setattr"),
+    pytest.param(FORMAT_VIA_SUPER_CHAIN, "AttributeError", id="format-via-super"),
+    pytest.param("class S(str):\n    def f(self):\n        return super().format_map({'x': 1})\n"
+                 "S('{x.__class__}').f()", "AttributeError", id="format-map-via-super"),
+    pytest.param("import io\nio.BytesIO(b'abc').getbuffer()", "AttributeError",
+                 id="bytesio-getbuffer"),
+    pytest.param("import collections\ncollections.namedtuple('P', 'a', module='os')",
+                 "ValueError", id="namedtuple-module"),
+    pytest.param("import functools\nclass A:\n    pass\ndef f(x: int):\n    pass\n"
+                 "functools.update_wrapper(A, f)", "TypeError", id="update-wrapper-onto-class"),
+    pytest.param("import functools, difflib\nfunctools.total_ordering(difflib.SequenceMatcher)",
+                 "TypeError", id="total-ordering-stdlib-class"),
+    pytest.param("import dataclasses, difflib\ndataclasses.dataclass(difflib.SequenceMatcher)",
+                 "TypeError", id="dataclass-stdlib-class"),
+    pytest.param("import typing, json\ntyping.final(json.dumps)", "TypeError",
+                 id="typing-final-stdlib-function"),
+    pytest.param("import abc", "ImportError", id="import-abc"),
     pytest.param("class A(metaclass=type):\n    pass", "SyntaxError", id="metaclass-keyword"),
     pytest.param("async def f():\n    pass", "SyntaxError", id="async-def"),
     # resource exhaustion
@@ -140,6 +201,7 @@ async def test_hostile_cell_gets_a_clear_error(code: str, error_type: str):
         result = await kernel.execute(code)
         assert result.error_type == error_type, result.error
         assert result.error.startswith(error_type)
+        assert not re.search(r"escaped:\d", result.error + result.stdout), result.error
         assert "\n" not in result.error.split("\n")[0]
         await assert_kernel_still_works(kernel)
 
@@ -176,3 +238,99 @@ async def test_one_kernel_survives_many_hostile_cells_in_a_row():
             result = await kernel.execute(code)
             assert result.error_type == error_type, (param.id, result.error)
         await assert_kernel_still_works(kernel)
+
+
+async def test_reveal_type_flood_goes_to_the_capped_cell_output():
+    async with Kernel(echo_tool, ["echo"], LIMITS) as kernel:
+        await kernel.execute("sentinel = 42")
+        result = await kernel.execute(
+            "import typing\nfor i in range(60000):\n    typing.reveal_type(i)")
+        assert result.ok, result.error
+        assert result.stdout.startswith("Runtime type is 'int'\n")
+        assert "[output truncated:" in result.stdout
+        log = kernel._tmpdir / "worker.log"
+        assert not log.exists() or log.stat().st_size < 10_000
+        await assert_kernel_still_works(kernel)
+
+
+class _Target:
+    pass
+
+
+class _RebuildsAClass:
+    """Not makeable in the sandbox (it needs a dunder method): stands for any object whose
+    reduction a future bypass could control."""
+
+    def __reduce_ex__(self, protocol):
+        return (lambda: _Target, (), (None, {"public": 1}))
+
+
+class _SetsADunder:
+    def __reduce_ex__(self, protocol):
+        return (_Target, (), (None, {"__class__": _Target}))
+
+
+def test_copy_refuses_a_reduction_that_rebuilds_a_class_or_sets_dunders():
+    from agentrt.interpreter.sandbox import module_facade
+
+    copy = module_facade("copy")
+    for function in (copy.copy, copy.deepcopy):
+        with pytest.raises(TypeError, match="rebuilds a class"):
+            function(_RebuildsAClass())
+        with pytest.raises(TypeError, match="refusing to set attribute '__class__'"):
+            function(_SetsADunder())
+    assert "public" not in vars(_Target)
+    assert copy.deepcopy({"x": [1, 2]}) == {"x": [1, 2]}
+
+
+LEGITIMATE_USES = """
+import collections, copy, dataclasses, enum, functools, typing
+
+class Color(enum.Enum):
+    RED = 1
+    GREEN = 2
+Shape = enum.Enum('Shape', 'CIRCLE SQUARE')
+Perm = enum.IntFlag('Perm', {'R': 4, 'W': 2})
+
+@dataclasses.dataclass(frozen=True, order=True)
+class Point:
+    x: int
+    y: int = 0
+
+@dataclasses.dataclass(frozen=True)
+class Point3(Point):
+    z: int = 0
+
+def logged(function):
+    @functools.wraps(function)
+    def wrapper(*args):
+        return function(*args)
+    return wrapper
+
+@logged
+def add(a: int, b: int) -> int:
+    "Add two numbers."
+    return a + b
+
+class Box:
+    def __init__(self, items):
+        self.items = items
+
+box = Box([1, [2]])
+deep = copy.deepcopy(box)
+deep.items[1].append(3)
+Pair = collections.namedtuple('Pair', 'left right', defaults=[0])
+typing.reveal_type(Color.RED)
+print(Color(2).name, Shape.SQUARE.value, int(Perm.R | Perm.W), Point(1) < Point(2),
+      Point3(1, 2, 3), add(2, 3), box.items, copy.copy(box).items is box.items, Pair(1), dataclasses.asdict(Point(5, 6)))
+"""
+
+
+async def test_wrapped_modules_still_serve_ordinary_code():
+    async with Kernel(echo_tool, ["echo"], LIMITS) as kernel:
+        result = await kernel.execute(LEGITIMATE_USES)
+        assert result.ok, result.error
+        assert result.stdout == (
+            "Runtime type is 'Color'\n"
+            "GREEN 2 6 True Point3(x=1, y=2, z=3) 5 [1, [2]] True "
+            "Pair(left=1, right=0) {'x': 5, 'y': 6}\n")
