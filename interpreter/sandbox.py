@@ -12,8 +12,9 @@ The pieces, in the order code meets them:
 * :class:`Sandbox` holds one persistent namespace and runs cells in it, capturing ``print``
   into a capped buffer and recording ``FINAL`` / ``FINAL_VAR`` answers.
 
-This is one layer of defence; the worker process around it adds CPU, memory and wall-clock
-limits and a fork per cell (see docs/sandbox.md).
+This is the first of two walls; the worker process around it adds CPU, memory and
+wall-clock limits, a fork per cell, and the OS jail (jail.py) that holds when this layer is
+bypassed (see docs/sandbox.md).
 """
 
 from __future__ import annotations
