@@ -50,7 +50,9 @@ JAIL_ENV = "AGENTRT_JAIL"
 """``0``/``off``/``false`` disables the jail by default; ``1``/``on``/``true`` requires it."""
 
 MAX_OPEN_FILES = 256
-MAX_PROCESSES = 256
+MAX_PROCESSES = 512
+"""RLIMIT_NPROC, and (when the runtime is root, which RLIMIT_NPROC exempts) the jail's
+``pid_max``: a cap on the process count of the whole jail."""
 JAIL_TMP = "/tmp"
 """The jail's private writable directory (a tmpfs of ``KernelLimits.disk_mb``) and its cwd."""
 
@@ -155,7 +157,10 @@ def _bwrap_problem() -> str | None:
     binary = shutil.which("bwrap")
     if binary is None:
         return "bubblewrap (bwrap) is not installed"
-    probe = [binary, *_NAMESPACE_FLAGS, "--cap-drop", "ALL", *_system_binds(), "--", "true"]
+    probe = [binary, *_NAMESPACE_FLAGS, "--cap-drop", "ALL"]
+    if caps_pid_space():
+        probe += ["--cap-add", "CAP_SYS_ADMIN", "--proc", "/proc"]
+    probe += [*_system_binds(), "--", "true"]
     try:
         done = subprocess.run(probe, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                               stderr=subprocess.PIPE, timeout=10, env={})
@@ -201,11 +206,21 @@ def _python_paths() -> list[str]:
     return kept
 
 
+def caps_pid_space() -> bool:
+    """Whether the root worker bounds its PID namespace itself (see :func:`lock_down`): only
+    when the runtime is root, whose processes ``RLIMIT_NPROC`` does not bound."""
+    return os.geteuid() == 0
+
+
 def bwrap_command(socket_path: str, environment: dict[str, str], disk_mb: int) -> list[str]:
     """The bubblewrap argv prefix that starts the root worker in its jail."""
-    args = [shutil.which("bwrap") or "bwrap", *_NAMESPACE_FLAGS, "--disable-userns",
-            "--die-with-parent", "--new-session", "--as-pid-1", "--cap-drop", "ALL",
-            "--clearenv"]
+    args = [shutil.which("bwrap") or "bwrap", *_NAMESPACE_FLAGS, "--die-with-parent",
+            "--new-session", "--as-pid-1", "--cap-drop", "ALL"]
+    if caps_pid_space():  # kept just long enough to set pid_max; lock_down drops it
+        args += ["--cap-add", "CAP_SYS_ADMIN", "--proc", "/proc"]
+    else:  # (with it, bwrap nests a user namespace that could not unmount /proc; the
+        args += ["--disable-userns"]  # filter refuses new user namespaces anyway)
+    args += ["--clearenv"]
     for key, value in environment.items():
         args += ["--setenv", key, value]
     args += _system_binds()
@@ -254,18 +269,65 @@ def seccomp_program() -> bytes:
 
 _PR_SET_NO_NEW_PRIVS = 38
 _PR_SET_SECCOMP = 22
+_PR_CAPBSET_DROP = 24
+_PR_CAP_AMBIENT = 47
+_PR_CAP_AMBIENT_CLEAR_ALL = 4
 _SECCOMP_MODE_FILTER = 2
+_MNT_DETACH = 2
+_CAPABILITY_VERSION_3 = 0x20080522
+_PID_MAX = "/proc/sys/kernel/pid_max"
 
 
 class _SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
 
-def lock_down(seccomp: bytes | None, disk_mb: int) -> None:
-    """In the root worker: set the jail's RLIMITs, ``no_new_privs`` and the syscall filter.
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                ("inheritable", ctypes.c_uint32)]
+
+
+def _bound_pid_space(libc: ctypes.CDLL) -> str | None:
+    """As pid 1 of the jail with CAP_SYS_ADMIN there: cap the namespace's ``pid_max``, hide
+    ``/proc`` again and drop every capability for good. Returns why pid_max could not be
+    set (older kernels do not namespace it), or None."""
+    problem = None
+    try:
+        with open(_PID_MAX, "w") as pid_max:
+            pid_max.write(str(MAX_PROCESSES))
+    except OSError as exc:
+        problem = f"pid_max not set ({exc})"
+    if libc.umount2(b"/proc", _MNT_DETACH) != 0:
+        raise OSError(ctypes.get_errno(), "cannot hide /proc in the jail")
+    for capability in range(64):
+        libc.prctl(_PR_CAPBSET_DROP, ctypes.c_ulong(capability), ctypes.c_ulong(0),
+                   ctypes.c_ulong(0), ctypes.c_ulong(0))
+    libc.prctl(_PR_CAP_AMBIENT, ctypes.c_ulong(_PR_CAP_AMBIENT_CLEAR_ALL), ctypes.c_ulong(0),
+               ctypes.c_ulong(0), ctypes.c_ulong(0))
+    header, data = _CapHeader(_CAPABILITY_VERSION_3, 0), (_CapData * 2)()
+    if libc.capset(ctypes.byref(header), data) != 0:
+        raise OSError(ctypes.get_errno(), "capset failed: cannot drop capabilities")
+    if libc.capget(ctypes.byref(header), data) != 0 or any(
+            part.effective or part.permitted for part in data):
+        raise OSError("capabilities are still held after dropping them")
+    return problem
+
+
+def lock_down(seccomp: bytes | None, disk_mb: int, bound_pids: bool = False) -> None:
+    """In the root worker: bound the PID namespace (``bound_pids``), set the jail's RLIMITs,
+    ``no_new_privs`` and the syscall filter.
 
     Hard limits are lowered too, so nothing in the process can raise them again.
     """
+    libc = ctypes.CDLL(None, use_errno=True)
+    if bound_pids:
+        problem = _bound_pid_space(libc)
+        if problem is not None:
+            print(f"agentrt jail: {problem}", file=sys.stderr)
     size = max(disk_mb, 1) * 1024 * 1024
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an oversized write fails with EFBIG
     for limit, value in ((resource.RLIMIT_FSIZE, size), (resource.RLIMIT_NOFILE, MAX_OPEN_FILES),
@@ -276,7 +338,6 @@ def lock_down(seccomp: bytes | None, disk_mb: int) -> None:
         resource.setrlimit(limit, (value, value))
     if seccomp is None:
         return
-    libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(_PR_SET_NO_NEW_PRIVS, ctypes.c_ulong(1), ctypes.c_ulong(0),
                   ctypes.c_ulong(0), ctypes.c_ulong(0)) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")

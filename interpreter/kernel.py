@@ -751,7 +751,8 @@ class Kernel:
         await self._await_ready(root, "the sandbox worker")
         lockdown = None
         if self._jail.active:
-            lockdown = {"seccomp": self._jail.seccomp, "disk_mb": self.limits.disk_mb}
+            lockdown = {"seccomp": self._jail.seccomp, "disk_mb": self.limits.disk_mb,
+                        "bound_pids": self._jail.namespaces and jail.caps_pid_space()}
         await root.send({"op": "init", "tools": list(self._tools.items()), "limits": {
             "memory_mb": self.limits.memory_mb,
             "max_output_chars": self.limits.max_output_chars,

@@ -503,7 +503,8 @@ def main(argv: list[str] | None = None) -> None:
     if lockdown:  # before anything else runs here: every later process is a fork of this one
         from .jail import lock_down
 
-        lock_down(lockdown.get("seccomp"), int(lockdown["disk_mb"]))
+        lock_down(lockdown.get("seccomp"), int(lockdown["disk_mb"]),
+                  bool(lockdown.get("bound_pids")))
     config = WorkerConfig(
         socket_path=argv[1],
         memory_mb=int(limits["memory_mb"]),

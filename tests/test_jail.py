@@ -84,7 +84,9 @@ async def test_cannot_read_a_host_file(breached, tmp_path):
     listing = await breach(breached, attempt(
         "import os\nvalue = sorted(os.listdir('/')), sorted(os.listdir('/etc'))"))
     assert listing.startswith("ok"), listing
-    assert "'home'" not in listing and "'proc'" not in listing and "'passwd'" not in listing
+    assert "'home'" not in listing and "'passwd'" not in listing
+    processes = await breach(breached, attempt("import os\nvalue = os.listdir('/proc')"))
+    assert processes == "ok: []" or processes.startswith("FileNotFoundError"), processes
 
 
 async def test_cannot_see_host_environment(breached, monkeypatch):
@@ -166,6 +168,43 @@ value = [libc.ptrace(16, os.getppid(), 0, 0), ctypes.get_errno(),
 """)
     outcome = await breach(breached, source)
     assert outcome == "ok: [-1, 1, -1, 1, -1, 1]", outcome  # EPERM three times
+
+
+async def test_process_count_is_bounded(breached):
+    source = attempt("""
+import os
+read_end, write_end = os.pipe()
+children = 0
+try:
+    for _ in range(1500):
+        if os.fork() == 0:
+            os.close(write_end)
+            os.read(read_end, 1)   # wait for the parent to close its end, then go
+            os._exit(0)
+        children += 1
+    stopped = None
+except OSError as exc:
+    stopped = exc.errno
+os.close(write_end)
+for _ in range(children):   # reap them, so the pid space is free again for the next cell
+    os.wait()
+value = [children, stopped]
+""")
+    outcome = await breach(breached, source)
+    assert outcome.startswith("ok: ["), outcome
+    children, stopped = (int(part) for part in outcome[5:-1].split(", "))
+    assert stopped == 11 and children < 600, outcome  # EAGAIN well before 1500
+
+
+async def test_no_capabilities_are_left(breached):
+    outcome = await breach(breached, attempt("""
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+header = (ctypes.c_uint32 * 2)(0x20080522, 0)
+data = (ctypes.c_uint32 * 6)()
+value = [libc.capget(header, data), list(data)]
+"""))
+    assert outcome == "ok: [0, [0, 0, 0, 0, 0, 0]]", outcome
 
 
 async def test_fork_still_works_but_the_child_is_jailed(breached):
