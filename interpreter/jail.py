@@ -33,18 +33,14 @@ from __future__ import annotations
 import ctypes
 import errno
 import functools
-import importlib.util
-import logging
 import os
 import resource
-import shutil
 import signal
-import subprocess
 import sys
-import sysconfig
 from dataclasses import dataclass
 
-logger = logging.getLogger(__name__)
+# The worker imports this module for lock_down() only: the runtime-side functions import
+# what else they need themselves, to keep the worker's start-up short.
 
 JAIL_ENV = "AGENTRT_JAIL"
 """``0``/``off``/``false`` disables the jail by default; ``1``/``on``/``true`` requires it."""
@@ -129,8 +125,10 @@ def plan_jail(requested: bool | None) -> JailPlan:
         if mode is True:
             raise JailUnavailable(f"the sandbox OS jail is required but {plan.warning}")
         if not _warned:
+            import logging
+
             _warned = True
-            logger.warning("agentrt: %s; sandbox workers run with reduced OS isolation "
+            logging.getLogger(__name__).warning("agentrt: %s; sandbox workers run with reduced OS isolation "
                            "(set %s=0 or KernelLimits(jail=False) to silence this)",
                            plan.warning, JAIL_ENV)
     return plan
@@ -152,6 +150,9 @@ def _best_plan() -> JailPlan:
 
 def _bwrap_problem() -> str | None:
     """Why bubblewrap cannot jail a process here, or None when it can."""
+    import shutil
+    import subprocess
+
     if not sys.platform.startswith("linux"):
         return "not Linux"
     binary = shutil.which("bwrap")
@@ -184,6 +185,9 @@ def _system_binds() -> list[str]:
 
 def _python_paths() -> list[str]:
     """Directories the worker needs to import Python, agentrt and its dependencies."""
+    import importlib.util
+    import sysconfig
+
     paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
              os.path.dirname(os.path.realpath(sys.executable))}
     for key in ("stdlib", "platstdlib", "purelib", "platlib"):
@@ -214,6 +218,8 @@ def caps_pid_space() -> bool:
 
 def bwrap_command(socket_path: str, environment: dict[str, str], disk_mb: int) -> list[str]:
     """The bubblewrap argv prefix that starts the root worker in its jail."""
+    import shutil
+
     args = [shutil.which("bwrap") or "bwrap", *_NAMESPACE_FLAGS, "--die-with-parent",
             "--new-session", "--as-pid-1", "--cap-drop", "ALL"]
     if caps_pid_space():  # kept just long enough to set pid_max; lock_down drops it
