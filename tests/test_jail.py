@@ -260,3 +260,55 @@ async def test_killing_itself_is_a_clear_error_and_the_kernel_goes_on(breached):
                                     "os.kill(os.getpid(), signal.SIGKILL)')")
     assert result.killed and "SIGKILL" in result.error
     assert "variables it assigned were discarded" in result.error
+
+
+async def test_opt_out_by_environment_variable(tmp_path, monkeypatch):
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "breach_hook.py").write_text(BREACH_MODULE)
+    monkeypatch.setenv("PYTHONPATH", str(hooks))
+    monkeypatch.setenv("AGENTRT_JAIL", "0")
+    async with Kernel(echo_tool, ["echo"], KernelLimits(cpu_s=5, wall_s=30)) as kernel:
+        await kernel.extend("breach_hook:install")
+        outcome = await breach(kernel, attempt("import os\nvalue = 'PATH' in os.environ"))
+    assert outcome == "ok: True"  # the unjailed worker's environment has PATH
+
+
+def test_missing_bubblewrap_warns_once_or_fails_when_required(monkeypatch, tmp_path, caplog):
+    from agentrt.interpreter import jail
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no bwrap to be found
+    monkeypatch.setattr(jail, "_warned", False)
+    jail._best_plan.cache_clear()
+    try:
+        with pytest.raises(jail.JailUnavailable, match="bubblewrap"):
+            jail.plan_jail(True)
+        with caplog.at_level("WARNING"):
+            plan = jail.plan_jail(None)
+            jail.plan_jail(None)
+        assert not plan.namespaces and plan.seccomp is not None  # the filter still applies
+        warnings = [r.getMessage() for r in caplog.records if "OS isolation" in r.getMessage()]
+        assert len(warnings) == 1 and "bubblewrap (bwrap) is not installed" in warnings[0]
+        assert jail.plan_jail(False) == jail.OFF
+    finally:
+        jail._best_plan.cache_clear()
+
+
+async def test_without_bubblewrap_the_filter_still_refuses_programs(tmp_path, monkeypatch):
+    from agentrt.interpreter import jail
+
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "breach_hook.py").write_text(BREACH_MODULE)
+    monkeypatch.setenv("PYTHONPATH", str(hooks))
+    monkeypatch.setenv("PATH", str(tmp_path))  # no bwrap to be found
+    monkeypatch.setattr(jail, "_warned", True)
+    jail._best_plan.cache_clear()
+    try:
+        async with Kernel(echo_tool, ["echo"], KernelLimits(cpu_s=5, wall_s=30)) as kernel:
+            await kernel.extend("breach_hook:install")
+            outcome = await breach(kernel, attempt(
+                "import subprocess\nvalue = subprocess.run(['/bin/true'])"))
+    finally:
+        jail._best_plan.cache_clear()
+    assert outcome.startswith("PermissionError"), outcome
