@@ -312,3 +312,18 @@ async def test_without_bubblewrap_the_filter_still_refuses_programs(tmp_path, mo
     finally:
         jail._best_plan.cache_clear()
     assert outcome.startswith("PermissionError"), outcome
+
+
+async def test_runtime_finds_jailed_processes_by_their_own_pids():
+    """Workers know themselves by PID-namespace numbers; the runtime signals host pids."""
+    from agentrt.interpreter.jail import host_pid
+
+    async with Kernel(echo_tool, ["echo"], LIMITS) as kernel:
+        fork = await kernel.fork()
+        wire_pid = fork._proc.wire_pid
+        assert wire_pid != fork.pid and wire_pid < 600  # small numbers inside the jail
+        assert host_pid(wire_pid, kernel.root_pid) == fork.pid
+        assert host_pid(1, kernel.root_pid) == kernel.root_pid
+        await fork.kill()
+        assert not fork.alive
+        assert (await kernel.execute("print('main goes on')")).stdout == "main goes on\n"
