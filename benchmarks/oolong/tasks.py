@@ -146,13 +146,13 @@ def load_tasks(path: str | Path) -> list[Task]:
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise TaskFileError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+            raise TaskFileError(f"{path}, line {lineno}: not valid JSON ({exc.msg})") from None
         try:
             task = parse_task(obj)
         except _FieldError as exc:
-            raise TaskFileError(f"{path}:{lineno}: {exc}") from None
+            raise TaskFileError(f"{path}, line {lineno}: {exc}") from None
         if task.id in seen:
-            raise TaskFileError(f"{path}:{lineno}: field 'id' repeats {task.id!r}")
+            raise TaskFileError(f"{path}, line {lineno}: field 'id' repeats {task.id!r}")
         seen.add(task.id)
         tasks.append(task)
     if not tasks:

@@ -37,7 +37,7 @@ TEMPLATES: dict[str, tuple[str, ...]] = {
     ),
     "description and abstract concept": (
         "What is the meaning of {concept} ?",
-        "Why does {phenomenon} happen in {place} ?",
+        "How come {phenomenon} happens in {place} ?",
         "How does a {machine} work ?",
         "What is the difference between {concept} and {concept2} ?",
         "Which ideas led to the study of {concept} ?",
@@ -45,7 +45,7 @@ TEMPLATES: dict[str, tuple[str, ...]] = {
         "Name the main causes of {phenomenon} .",
     ),
     "human being": (
-        "Who invented the {machine} ?",
+        "Which person invented the {machine} ?",
         "Which {profession} first described {concept} ?",
         "What was the name of the first {role} of {place} ?",
         "How was the {profession} who studied {phenomenon} called ?",
@@ -54,7 +54,7 @@ TEMPLATES: dict[str, tuple[str, ...]] = {
         "What {profession} painted the famous {thing} of {place} ?",
     ),
     "location": (
-        "Where is the {landmark} of {place} ?",
+        "What town is home to the {landmark} of {place} ?",
         "What city hosted the {year} {sport} games ?",
         "Which country lies north of {place} ?",
         "How is the river that flows through {place} named ?",
