@@ -1,0 +1,92 @@
+"""The OOLONG runner end to end (replay root, simulated sub-model), and the SDK path of the CLI."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.oolong import bench
+
+ROOT = Path(__file__).resolve().parents[1]
+FAST = ["--engine", "replay", "--replay-plain-tps", "600", "--replay-spec-tps", "1200",
+        "--sub-decode-tps", "3000", "--no-plot"]
+
+
+def test_replay_run_writes_traces_summary_and_resumes(tmp_path, capsys):
+    out = tmp_path / "res"
+    args = ["--sizes", "1k", "--per-size", "2", "--seed", "2", "--out", str(out), *FAST]
+    assert bench.main(args) == 0
+    traces = sorted((out / "traces").glob("*.json"))
+    assert len(traces) == 8
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["identical"] == summary["compared"] == 2
+    assert set(summary["modes"]) == set(bench.MODES)
+    assert all(row["score"] == 1.0 for row in summary["modes"].values())
+    spec = summary["modes"]["speculative+plain"]
+    assert spec["limit_s"] is not None and spec["efficiency"] > 0
+    assert "| speculative+specdec |" in (out / "summary.md").read_text()
+    record = json.loads(traces[0].read_text())
+    assert record["status"] == "final" and record["trace"]["events"]
+    # an interrupted run: one trace lost; --resume runs only that one
+    kept = {p.name: p.stat().st_mtime_ns for p in traces}
+    traces[3].unlink()
+    assert bench.main([*args, "--resume"]) == 0
+    again = {p.name: p.stat().st_mtime_ns for p in (out / "traces").glob("*.json")}
+    assert set(again) == set(kept)
+    changed = [name for name in again if again[name] != kept.get(name)]
+    assert changed == [traces[3].name]
+
+
+def test_malformed_task_file_and_unreachable_sub_model(tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "a", "context": "c", "question": "q", "answer": 1}\n')
+    assert bench.main(["--tasks", str(bad), "--out", str(tmp_path / "o"), *FAST]) == 2
+    assert "line 1: field 'answer_type' is missing" in capsys.readouterr().err
+    url = "http://127.0.0.1:9/v1"
+    assert bench.main(["--sizes", "1k", "--per-size", "1", "--sub-base-url", url,
+                       "--out", str(tmp_path / "o"), *FAST]) == 2
+    assert f"sub-model unreachable at {url}" in capsys.readouterr().err
+    assert not list((tmp_path / "o" / "traces").glob("*.json"))
+
+
+TOOLS_MODULE = '''
+from agentrt import tool
+
+@tool(speculate=True)
+def shout(text: str) -> str:
+    """Upper-case a text."""
+    return text.upper()
+'''
+
+
+def _cli(*argv: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(cwd)}
+    return subprocess.run([sys.executable, "-m", "agentrt.cli", *argv], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_cli_registers_tools_from_a_module(tmp_path):
+    (tmp_path / "mytools.py").write_text(TOOLS_MODULE)
+    (tmp_path / "empty.py").write_text("X = 1\n")
+    (tmp_path / "broken.py").write_text("raise RuntimeError('boom')\n")
+    reply = tmp_path / "reply.json"
+    reply.write_text(json.dumps(['```repl\nFINAL(shout("hi"))\n```']))
+    done = _cli("run", "say hi", "--engine", "replay", "--replay-file", str(reply),
+                "--tokens-per-second", "500", "--tools", "mytools", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "answer: 'HI'" in done.stdout
+    for module, message in (("empty", "defines no tools"), ("broken", "RuntimeError: boom"),
+                            ("nowhere", "cannot import tools module 'nowhere'")):
+        done = _cli("run", "x", "--engine", "replay", "--replay-file", str(reply),
+                    "--tools", module, cwd=tmp_path)
+        assert done.returncode == 2 and message in done.stderr
+
+
+def test_tools_package_does_not_import_the_engine():
+    code = ("import sys, agentrt.tools; "
+            "print(any(m.startswith('agentrt.engine') for m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert done.stdout.strip() == "False", done.stderr
