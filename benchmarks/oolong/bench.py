@@ -35,7 +35,7 @@ from agentrt.llm_tools import make_llm_tools
 from ..overlap import overlap_limit
 from .generate import generate, parse_sizes
 from .programs import reference_response, shape_for, shape_of
-from .root_prompt import SYSTEM_PROMPT, few_shot
+from .root_prompt import SYSTEM_PROMPT, few_shot, task_message
 from .scoring import score
 from .server import MODEL_NAME, add_latency_arguments, latency_from_args
 from .tasks import Task, TaskFileError, load_tasks, save_tasks
@@ -233,7 +233,7 @@ async def run_one(task: Task, index: int, mode: str, engine: Engine | None, sub:
                                           temperature=args.temperature, seed=args.seed))
     before = _metrics(engine)
     try:
-        result = await agent.run(task.question, task.context)
+        result = await agent.run(task_message(task.question), task.context)
     finally:
         if sub.engine is None:
             await sub_engine.aclose()

@@ -16,7 +16,7 @@ import random
 from agentrt.engine.base import Message
 
 from .generate import QUESTION_TYPES, make_question, make_rows
-from .programs import reference_response
+from .programs import reference_code
 from .tasks import Task
 
 SYSTEM_PROMPT = """\
@@ -57,10 +57,15 @@ def example_task(task: Task, seed: int = 7) -> Task:
     raise RuntimeError(f"could not make an example question of type {kind!r}")
 
 
+def task_message(question: str) -> str:
+    """The user message that carries the query."""
+    return f"Write a ```repl code block that answers this query about `context`.\nQuery: {question}"
+
+
 def few_shot(task: Task, shape: str) -> list[Message]:
     """One worked exchange of the same question type, its program in call shape ``shape``."""
     example = example_task(task)
     return [
-        {"role": "user", "content": example.question},
-        {"role": "assistant", "content": reference_response(example, shape)},
+        {"role": "user", "content": task_message(example.question)},
+        {"role": "assistant", "content": f"```repl\n{reference_code(example, shape)}```\n"},
     ]
