@@ -90,3 +90,32 @@ def test_tools_package_does_not_import_the_engine():
             "print(any(m.startswith('agentrt.engine') for m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert done.stdout.strip() == "False", done.stderr
+
+
+def test_openai_root_engine_through_the_same_runner(tmp_path):
+    """``--engine openai`` against a server on loopback that streams the reference program."""
+    from agentrt.engine.replay import split_tokens
+    from benchmarks.oolong.generate import generate
+    from benchmarks.oolong.programs import reference_response, shape_for
+    from fake_openai_server import FakeOpenAIServer, Stream
+
+    (task,) = generate([1024], 1, seed=9)
+    program = split_tokens(reference_response(task, shape_for(0)))
+    with FakeOpenAIServer() as root:
+        root.push(Stream(["Hi"]), *[Stream(program) for _ in bench.MODES])
+        code = bench.main(["--sizes", "1k", "--per-size", "1", "--seed", "9", "--engine", "openai",
+                           "--base-url", f"{root.url}/v1", "--model", "served",
+                           "--out", str(tmp_path), "--sub-decode-tps", "3000", "--no-plot"])
+        bodies = [r.body for r in root.requests]
+    assert code == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["identical"] == 1
+    assert all(r["score"] == 1.0 for r in summary["modes"].values())
+    assert all(b["model"] == "served" for b in bodies) and len(bodies) == 5
+    assert "Query: " + task.question in bodies[1]["messages"][-1]["content"]
+
+
+def test_agentrt_bench_runs_the_runner_from_the_repository():
+    done = subprocess.run([sys.executable, "-m", "agentrt.cli", "bench", "oolong", "--help"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "--sub-base-url" in done.stdout

@@ -187,7 +187,10 @@ def root_engines(args) -> dict[str, Engine | None]:
 
     if not args.base_url:
         raise BenchError("--engine openai needs --base-url")
-    served = check_url(args.base_url)
+    try:
+        served = check_url(args.base_url)
+    except BenchError:
+        served = []  # not every server lists its models; the warm-up request will tell
     model = args.model if args.model != "smollm2-135m" or not served else served[0]
     # The server decides its own decoding: both decoding modes use it as served.
     engine = OpenAIEngine(base_url=args.base_url, model=model)
@@ -458,8 +461,15 @@ def plot_timeline(records: dict[str, dict], title: str, path: Path) -> None:
 # ------------------------------------------------------------------------------ main
 
 async def _warm_up(engines: dict[str, Engine | None]) -> None:
+    from agentrt.engine.base import EngineError
+
     for engine in {id(e): e for e in engines.values() if e is not None}.values():
-        await complete(engine, [{"role": "user", "content": "Hi"}], SamplingParams(max_tokens=2))
+        try:
+            await complete(engine, [{"role": "user", "content": "Hi"}],
+                           SamplingParams(max_tokens=2))
+        except EngineError as exc:
+            where = getattr(engine, "server_url", engine.name)
+            raise BenchError(f"the root model at {where} does not answer: {exc}") from None
 
 
 async def run_all(tasks, modes, engines, sub, args, records) -> None:

@@ -1,7 +1,7 @@
 """Reference programs: the code a competent RLM-style agent writes for each question type.
 
 A program labels every context row with the sub-model (chunks of `CHUNK` rows), rebuilds
-``(date, user, label)`` rows and aggregates them in Python, ending with ``FINAL("<Form>: ...")``.
+``(date, user, label)`` rows when the question needs dates or users, and aggregates in Python, ending with ``FINAL("<Form>: ...")``.
 Three shapes of the sub-model calls: a ``for`` loop of ``llm_query``, one ``llm_query_batched``,
 and a list comprehension of ``llm_query``. Replay mode streams these programs; the few-shot
 examples of the live root agent are these programs written for another question of the same type.
@@ -14,6 +14,8 @@ import re
 from .tasks import Task
 
 SHAPES = ("loop", "batched", "comprehension")
+LABEL_ONLY = ("most_common_label", "least_common_label", "label_vs_label", "label_count")
+"""Question types answered from the labels alone (no dates or users needed)."""
 CHUNK = 100
 ASK = ("Give the category of each question below, one per line, in order: abbreviation, entity, "
        "description and abstract concept, human being, location or numeric value.\\n")
@@ -84,23 +86,22 @@ def _aggregate(kind: str, p: dict) -> str:
         return (
             'counts = {c: 0 for c in ["abbreviation", "entity", "description and abstract concept", '
             '"human being", "location", "numeric value"]}\n'
-            "for date, user, label in rows:\n"
+            "for label in labels:\n"
             "    if label in counts:\n"
             "        counts[label] = counts[label] + 1\n"
-            f"print(counts)\n"
             f'FINAL("Label: " + {pick}(counts, key=counts.get))\n'
         )
     if kind == "label_vs_label":
         a, b = labels[:2]
         return (
-            f'a = sum(1 for r in rows if r[2] == "{a}")\n'
-            f'b = sum(1 for r in rows if r[2] == "{b}")\n'
+            f'a = labels.count("{a}")\n'
+            f'b = labels.count("{b}")\n'
             'relation = "more common than" if a > b else "less common than" if a < b '
             'else "same frequency as"\n'
             f'FINAL("Answer: {a} is " + relation + " {b}")\n'
         )
     if kind == "label_count":
-        return (f'count = sum(1 for r in rows if r[2] == "{labels[0]}")\n'
+        return (f'count = labels.count("{labels[0]}")\n'
                 'FINAL("Answer: " + str(count))\n')
     if kind in ("most_active_user", "user_most_label"):
         cond = f'\n    if label == "{labels[0]}":' if kind == "user_most_label" else ""
@@ -156,7 +157,8 @@ def reference_code(task: Task, shape: str) -> str:
     if shape not in SHAPES:
         raise ValueError(f"unknown shape {shape!r}; choose one of {', '.join(SHAPES)}")
     head = _HEADS[shape].format(ask=ASK, chunk=CHUNK)
-    return head + _ROWS + _aggregate(task.task, params(task))
+    rows = "" if task.task in LABEL_ONLY else _ROWS
+    return head + rows + _aggregate(task.task, params(task))
 
 
 def reference_response(task: Task, shape: str) -> str:
