@@ -5,8 +5,9 @@ The system prompt is adapted from the default prompt of the public RLM implement
 sub-model's answers in code, ``FINAL``), shortened for a small model. It says nothing about
 speculation: it asks for the programs any RLM agent would write.
 
-Few-shot: one earlier exchange on another, small context: a question of the same type with other
-parameters, answered by a reference program (`programs.reference_response`).
+Few-shot: two earlier exchanges on other, small contexts: questions of the same type with other
+parameters, answered by reference programs (`programs.reference_code`) in two call shapes. With
+one example SmolLM2-135M copied the chunking but not the aggregation; with two it writes both.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import random
 from agentrt.engine.base import Message
 
 from .generate import QUESTION_TYPES, make_question, make_rows
-from .programs import reference_code
+from .programs import SHAPES, reference_code
 from .tasks import Task
 
 SYSTEM_PROMPT = """\
@@ -46,7 +47,7 @@ def example_task(task: Task, seed: int = 7) -> Task:
     """A question of ``task``'s type (question types the generator does not know: the most
     common label) about another, small context, for the few-shot turn."""
     kind = task.task if task.task in QUESTION_TYPES else "most_common_label"
-    rng = random.Random(f"{seed}-{kind}")
+    rng = random.Random(f"{seed}-{kind}-{task.id}")
     for _ in range(50):
         rows = make_rows(random.Random(rng.random()), 1024)
         made = make_question(random.Random(rng.random()), kind, rows)
@@ -63,9 +64,15 @@ def task_message(question: str) -> str:
 
 
 def few_shot(task: Task, shape: str) -> list[Message]:
-    """One worked exchange of the same question type, its program in call shape ``shape``."""
-    example = example_task(task)
-    return [
-        {"role": "user", "content": task_message(example.question)},
-        {"role": "assistant", "content": f"```repl\n{reference_code(example, shape)}```\n"},
-    ]
+    """Two worked exchanges of the same question type (other contexts, other parameters); the
+    last one's program uses call shape ``shape``, the first one the next shape in turn."""
+    other = SHAPES[(SHAPES.index(shape) + 1) % len(SHAPES)]
+    messages: list[Message] = []
+    for k, example_shape in enumerate((other, shape)):
+        example = example_task(task, seed=7 + k)
+        messages += [
+            {"role": "user", "content": task_message(example.question)},
+            {"role": "assistant",
+             "content": f"```repl\n{reference_code(example, example_shape)}```\n"},
+        ]
+    return messages
