@@ -243,11 +243,17 @@ async def run_one(task: Task, index: int, mode: str, engine: Engine | None, sub:
     after = _metrics(engine)
     tau = None
     if before is not None and after is not None:
+        # the engine's own count: tokens it generated and the time it spent generating them
         steps = after.verify_steps - before.verify_steps
         accepted = after.accepted_tokens - before.accepted_tokens
         tau = (accepted + steps) / steps if steps else None
-    tokens = sum(t.completion_tokens for t in result.turns)
-    gen_s = _gen_seconds(result.trace)
+        tokens = after.generated_tokens - before.generated_tokens
+        gen_s = after.wall_s - before.wall_s
+    else:
+        from agentrt.engine.replay import split_tokens
+
+        tokens = sum(len(split_tokens(t.response)) for t in result.turns)
+        gen_s = _gen_seconds(result.trace)
     answer = "" if result.answer is None else str(result.answer)
     code = "\n".join(t.code for t in result.turns)
     return {
