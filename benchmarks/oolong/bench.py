@@ -478,6 +478,25 @@ async def _warm_up(engines: dict[str, Engine | None]) -> None:
             raise BenchError(f"the root model at {where} does not answer: {exc}") from None
 
 
+async def _prefill(task: Task, index: int, engines: dict[str, Engine | None],
+                   signatures: str) -> None:
+    """Prefill the task's first prompt once on each root engine before its timed runs.
+
+    The native engine keeps a prefix cache: without this, the first mode of every task would pay
+    the prompt's prefill and the later modes would not.
+    """
+    if all(e is None for e in engines.values()):
+        return
+    from agentrt import prompts
+
+    messages = [{"role": "system",
+                 "content": prompts.system_prompt(signatures, task.context, SYSTEM_PROMPT)},
+                *few_shot(task, shape_for(index)),
+                {"role": "user", "content": task_message(task.question)}]
+    for engine in {id(e): e for e in engines.values() if e is not None}.values():
+        await complete(engine, messages, SamplingParams(max_tokens=1))
+
+
 async def run_all(tasks, modes, engines, sub, args, records) -> None:
     from tqdm import tqdm
 
@@ -485,7 +504,17 @@ async def run_all(tasks, modes, engines, sub, args, records) -> None:
     todo = [(i, t, m) for i, t in enumerate(tasks) for m in modes if (t.id, m) not in records]
     bar = tqdm(total=len(tasks) * len(modes), initial=len(tasks) * len(modes) - len(todo),
                desc="oolong runs", unit="run", file=sys.stderr)
+    from agentrt.tools import ToolRegistry
+
+    probe = sub.make_engine()
+    signatures = ToolRegistry(make_llm_tools(probe)).render_signatures()
+    if sub.engine is None:
+        await probe.aclose()
+    warmed: set[str] = set()
     for index, task, mode in todo:
+        if task.id not in warmed:
+            await _prefill(task, index, engines, signatures)
+            warmed.add(task.id)
         record = await run_one(task, index, mode, engines[mode.split("+")[1]], sub, args)
         write_json(trace_path(args.out, task, mode), record)
         records[(task.id, mode)] = record
@@ -563,8 +592,12 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "summary.md").write_text(table + "\n")
     write_json(args.out / "summary.json", {"setting": setting, "args": vars(args) | {
         "out": str(args.out)}, **summary})
-    if not args.no_plot and all((tasks[-1].id, m) in records for m in modes):
-        chosen = max(tasks, key=lambda t: t.context_tokens)
+    complete_tasks = [t for t in tasks if all((t.id, m) in records for m in modes)]
+    if not args.no_plot and complete_tasks:
+        # the largest task every mode answered (else the largest task)
+        answered = [t for t in complete_tasks
+                    if all(records[(t.id, m)]["status"] == "final" for m in modes)]
+        chosen = max(answered or complete_tasks, key=lambda t: t.context_tokens)
         plot_timeline({m: records[(chosen.id, m)] for m in modes},
                       f"{chosen.id} ({chosen.context_tokens} tokens)", args.out / "timeline.png")
     print("\n" + table)
