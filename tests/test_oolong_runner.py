@@ -102,7 +102,8 @@ def test_openai_root_engine_through_the_same_runner(tmp_path):
     (task,) = generate([1024], 1, seed=9)
     program = split_tokens(reference_response(task, shape_for(0)))
     with FakeOpenAIServer() as root:
-        root.push(Stream(["Hi"]), *[Stream(program) for _ in bench.MODES])
+        # warm-up, the task's prompt prefilled once, then the four modes
+        root.push(Stream(["Hi"]), Stream(["x"]), *[Stream(program) for _ in bench.MODES])
         code = bench.main(["--sizes", "1k", "--per-size", "1", "--seed", "9", "--engine", "openai",
                            "--base-url", f"{root.url}/v1", "--model", "served",
                            "--out", str(tmp_path), "--sub-decode-tps", "3000", "--no-plot"])
@@ -111,8 +112,9 @@ def test_openai_root_engine_through_the_same_runner(tmp_path):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["identical"] == 1
     assert all(r["score"] == 1.0 for r in summary["modes"].values())
-    assert all(b["model"] == "served" for b in bodies) and len(bodies) == 5
-    assert "Query: " + task.question in bodies[1]["messages"][-1]["content"]
+    assert all(b["model"] == "served" for b in bodies) and len(bodies) == 6
+    assert bodies[1]["messages"] == bodies[2]["messages"]  # the prefill sent the run's prompt
+    assert "Query: " + task.question in bodies[2]["messages"][-1]["content"]
 
 
 def test_agentrt_bench_runs_the_runner_from_the_repository():
