@@ -121,3 +121,32 @@ def test_agentrt_bench_runs_the_runner_from_the_repository():
     done = subprocess.run([sys.executable, "-m", "agentrt.cli", "bench", "oolong", "--help"],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "--sub-base-url" in done.stdout
+
+
+def test_interrupted_run_keeps_finished_traces_and_resumes(tmp_path):
+    """Ctrl-C in the middle of a run: finished traces stay, the server stops, --resume finishes."""
+    import signal
+    import time
+
+    out = tmp_path / "res"
+    cmd = [sys.executable, "-m", "benchmarks.run", "oolong", "--sizes", "1k", "--per-size", "2",
+           "--out", str(out), "--engine", "replay", "--replay-plain-tps", "200",
+           "--modes", "sequential+plain,speculative+plain", "--sub-decode-tps", "3000",
+           "--no-plot"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    deadline = time.monotonic() + 90
+    while not list((out / "traces").glob("*.json")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    kept = sorted(p.name for p in (out / "traces").glob("*.json"))
+    assert 1 <= len(kept) < 4 and "rerun with --resume" in err
+    assert not list((out / "traces").glob("*.tmp"))
+    done = subprocess.run([*cmd, "--resume"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert len(list((out / "traces").glob("*.json"))) == 4
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["identical"] == summary["compared"] == 2
