@@ -241,7 +241,7 @@ async def run_one(task: Task, index: int, mode: str, engine: Engine | None, sub:
         if sub.engine is None:
             await sub_engine.aclose()
     after = _metrics(engine)
-    tau = None
+    tau, tokens, gen_s = None, 0, 0.0
     if before is not None and after is not None:
         # the engine's own count: tokens it generated and the time it spent generating them
         steps = after.verify_steps - before.verify_steps
@@ -249,7 +249,7 @@ async def run_one(task: Task, index: int, mode: str, engine: Engine | None, sub:
         tau = (accepted + steps) / steps if steps else None
         tokens = after.generated_tokens - before.generated_tokens
         gen_s = after.wall_s - before.wall_s
-    else:
+    if tokens <= 0 or gen_s <= 0:  # no engine counters (or a generation cut short by FINAL)
         from agentrt.engine.replay import split_tokens
 
         tokens = sum(len(split_tokens(t.response)) for t in result.turns)
@@ -380,14 +380,14 @@ def _f(value, fmt: str, none: str = "-") -> str:
 
 def markdown(summary: dict, setting: str) -> str:
     lines = [setting, "",
-             "| mode | median s | p90 s | speedup | limit s | efficiency | score | code ran | "
-             "hits | wasted | tau | tok/s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| mode | median s | p90 s | speedup | limit s | efficiency | score | score > 0 | "
+             "code ran | hits | wasted | tau | tok/s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for mode, r in summary["modes"].items():
         lines.append(
             f"| {mode} | {r['median_s']:.2f} | {r['p90_s']:.2f} | {_f(r['speedup'], '.2f')}x | "
             f"{_f(r['limit_s'], '.2f')} | {_f(r['efficiency'], '.2f')} | {r['score']:.2f} | "
-            f"{r['code_ok']:.0%} | {r['hits']} | {r['wasted']} | {_f(r['tau'], '.2f')} | "
+            f"{r['scored']:.0%} | {r['code_ok']:.0%} | {r['hits']} | {r['wasted']} | {_f(r['tau'], '.2f')} | "
             f"{_f(r['tok_s'], '.1f')} |")
     modes = list(summary["modes"])
     lines += ["", "Median speedup over sequential+plain by context size:", "",
