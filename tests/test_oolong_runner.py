@@ -150,3 +150,16 @@ def test_interrupted_run_keeps_finished_traces_and_resumes(tmp_path):
     assert len(list((out / "traces").glob("*.json"))) == 4
     summary = json.loads((out / "summary.json").read_text())
     assert summary["identical"] == summary["compared"] == 2
+
+
+@pytest.mark.slow
+def test_native_sub_model_serves_llm_query(tmp_path):
+    """``--sub native``: SmolLM2 through NativeEngine answers the calls (one at a time)."""
+    out = tmp_path / "res"
+    assert bench.main(["--sizes", "1k", "--per-size", "1", "--sub", "native", "--sub-max-tokens",
+                       "16", "--modes", "sequential+plain,speculative+plain", "--out", str(out),
+                       "--engine", "replay", "--replay-plain-tps", "300", "--no-plot"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["identical"] == summary["compared"] == 1
+    record = json.loads(next((out / "traces").glob("*sequential+plain.json")).read_text())
+    assert record["status"] in ("final", "max_turns") and sum(record["stats"]["tool_calls"].values())

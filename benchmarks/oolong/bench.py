@@ -536,6 +536,9 @@ def main(argv: list[str] | None = None) -> int:
             raise BenchError("--tool-concurrency must be >= 1")
         tasks = load_or_generate(args)
         latency_from_args(args)
+        from agentrt.engines import parse_spec_config
+
+        parse_spec_config(args.spec_config)
     except (TaskFileError, ValueError, BenchError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
