@@ -163,3 +163,28 @@ def test_native_sub_model_serves_llm_query(tmp_path):
     assert summary["identical"] == summary["compared"] == 1
     record = json.loads(next((out / "traces").glob("*sequential+plain.json")).read_text())
     assert record["status"] in ("final", "max_turns") and sum(record["stats"]["tool_calls"].values())
+
+
+def test_task_file_and_a_standalone_sub_model_server(tmp_path):
+    """The generator's CLI writes a task file; the server runs alone; the runner uses both."""
+    tasks = tmp_path / "tasks.jsonl"
+    made = subprocess.run([sys.executable, "-m", "benchmarks.oolong.generate", "--sizes", "1k",
+                           "--per-size", "1", "--seed", "4", "--out", str(tasks)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert made.returncode == 0 and "wrote 1 tasks" in made.stdout
+    server = subprocess.Popen([sys.executable, "-m", "benchmarks.oolong.server", "--tasks",
+                               str(tasks), "--port", "0", "--sub-decode-tps", "3000"],
+                              cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        url = server.stdout.readline().split()[-1]
+        out = tmp_path / "res"
+        assert bench.main(["--tasks", str(tasks), "--sub-base-url", f"{url}/v1", "--out",
+                           str(out), "--engine", "replay", "--replay-plain-tps", "600",
+                           "--replay-spec-tps", "1200", "--no-plot"]) == 0
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["identical"] == 1
+    assert all(r["score"] == 1.0 for r in summary["modes"].values())
+    assert "sub-model url" in summary["setting"]
