@@ -14,9 +14,10 @@ from agentrt.engine.base import Engine, EngineError, Message, SamplingParams
 from agentrt.interpreter.kernel import Kernel, KernelError, KernelLimits
 from agentrt.interpreter.ledger import SpeculationBudget
 from agentrt.interpreter.segmenter import BlockClosed, BlockOpened, CodeStream, StatementClosed
-from agentrt.tools import Tool, ToolRegistry, make_llm_tools
+from agentrt.tools import Tool, ToolRegistry
 
 from . import prompts
+from .llm_tools import make_llm_tools
 from .results import BlockRecord, RunResult, RunStats, TurnRecord
 from .speculation import Speculator
 from .trace import Event, Trace

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -39,8 +40,20 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.context_file:
         text = Path(args.context_file).read_text()
         context = json.loads(text) if args.context_file.endswith(".json") else text
+    tools = []
+    if args.tools:
+        from .tool_modules import load_tool_module
+
+        for name in args.tools:
+            tools.extend(load_tool_module(name))
     engine = make_engine(engine_options(args))
-    agent = Agent(engine, speculation=not args.no_speculation, max_turns=args.max_turns)
+    sub_engine = None
+    if args.sub_base_url:
+        from agentrt.engine import OpenAIEngine
+
+        sub_engine = OpenAIEngine(base_url=args.sub_base_url, model=args.sub_model)
+    agent = Agent(engine, tools=tools, sub_engine=sub_engine,
+                  speculation=not args.no_speculation, max_turns=args.max_turns)
     result = agent.run_sync(args.task, context)
     for turn in result.turns:
         print(f"--- turn {turn.index + 1} ---\n{turn.response}")
@@ -80,15 +93,12 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    if Path("benchmarks", "run.py").is_file() and "" not in sys.path:
-        sys.path.insert(0, "")  # the benchmarks live in the repository, not in the package
-    try:
-        from benchmarks.run import main as bench_main
-    except ImportError:
+    """``python -m benchmarks.run ...`` in the current directory (a clone of the repository)."""
+    if not Path("benchmarks", "run.py").is_file():
         print("the benchmarks live in the source repository: run this from a clone of agentrt",
               file=sys.stderr)
         return 2
-    return bench_main(args.rest)
+    return subprocess.call([sys.executable, "-m", "benchmarks.run", *args.rest])
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -103,6 +113,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-speculation", action="store_true",
                      help="run tool calls only when their block is complete")
     run.add_argument("--trace", help="write the run's trace JSON here")
+    run.add_argument("--tools", action="append", metavar="MODULE",
+                     help="import MODULE and register its @tool functions (repeatable)")
+    run.add_argument("--sub-base-url",
+                     help="OpenAI-compatible /v1 URL that answers llm_query (default: --engine)")
+    run.add_argument("--sub-model", default="default",
+                     help="model name sent to --sub-base-url")
     add_engine_arguments(run)
     run.set_defaults(func=_cmd_run)
 

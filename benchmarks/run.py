@@ -4,6 +4,8 @@ Suites:
   patterns   tool speculation on the program-shape suite (sequential vs speculative)
   engine     token speculation: HF generate, the native engine with each proposer, vLLM
              and OpenAI-compatible servers (--engine native|vllm|openai)
+  oolong     end to end on OOLONG-style tasks: {sequential, speculative} tools x
+             {plain, speculative} decoding, live root model, simulated sub-model
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import sys
 SUITES = {
     "patterns": "benchmarks.pattern_bench",
     "engine": "benchmarks.engine_bench",
+    "oolong": "benchmarks.oolong.bench",
 }
 
 

@@ -21,9 +21,9 @@ from agentrt.tools import (
     ToolTimeoutError,
     UnkeyableArgumentsError,
     UnknownToolError,
-    make_llm_tools,
     tool,
 )
+from agentrt.llm_tools import make_llm_tools
 
 
 @tool

@@ -1,6 +1,5 @@
-"""Tools: the ``@tool`` decorator, the `Tool` wrapper, the `ToolRegistry` and built-in tools."""
+"""Tools: the ``@tool`` decorator, the `Tool` wrapper and the `ToolRegistry`."""
 
-from .builtins import make_llm_tools
 from .errors import (
     ToolArgumentError,
     ToolDefinitionError,
@@ -14,5 +13,5 @@ from .tool import Tool, tool
 
 __all__ = [
     "tool", "Tool", "ToolRegistry", "ToolError", "ToolArgumentError", "ToolTimeoutError",
-    "UnknownToolError", "ToolDefinitionError", "UnkeyableArgumentsError", "make_llm_tools",
+    "UnknownToolError", "ToolDefinitionError", "UnkeyableArgumentsError",
 ]

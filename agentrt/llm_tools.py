@@ -1,4 +1,7 @@
-"""Built-in speculatable tools: the RLM convention ``llm_query`` / ``llm_query_batched``."""
+"""The agent's built-in speculatable tools: the RLM convention ``llm_query`` / ``llm_query_batched``.
+
+They live with the agent (not in ``tools/``) because they are backed by an engine.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +11,7 @@ import anyio
 
 from agentrt.engine.base import Engine, SamplingParams, complete
 
-from .tool import Tool
+from agentrt.tools import Tool
 
 
 def make_llm_tools(
