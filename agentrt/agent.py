@@ -19,6 +19,7 @@ from agentrt.tools import Tool, ToolRegistry, make_llm_tools
 from . import prompts
 from .results import BlockRecord, RunResult, RunStats, TurnRecord
 from .speculation import Speculator
+from .tool_calls import traced_call
 from .trace import Event, Trace
 
 _FENCED = re.compile(r"^```[^\n]*\n.*?(?:^```[ \t]*$|\Z)", re.S | re.M)
@@ -115,26 +116,15 @@ class _Run:
 
     async def call_tool(self, name: str, args: tuple, kwargs: dict, line: int | None = None) -> Any:
         """The kernel's tool handler for the authoritative run: claim or invoke, trace, count."""
+        turn, block = self._current_block
         if self.spec is not None:
-            hit, value = await self.spec.claim(name, args, kwargs)
+            hit, value = await self.spec.claim(name, args, kwargs, block=block)
             if hit:
                 return value
         self._call_ids += 1
-        call_id = self._call_ids
-        self.stats.tool_calls[name] += 1
-        turn, block = self._current_block
-        self.trace.emit("tool_started", call_id=call_id, tool=name, mode="sync", turn=turn,
-                        block=block, lineno=line)
-        try:
-            result = await self.agent.registry.call(name, args, kwargs)
-        except BaseException as exc:
-            self.trace.emit(
-                "tool_finished", call_id=call_id, tool=name, mode="sync",
-                error=f"{type(exc).__name__}: {exc}",
-            )
-            raise
-        self.trace.emit("tool_finished", call_id=call_id, tool=name, mode="sync", error=None)
-        return result
+        return await traced_call(self.agent.registry, self.trace, self.stats, name, args, kwargs,
+                                 call_id=self._call_ids, mode="sync", turn=turn, block=block,
+                                 lineno=line)
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -196,7 +186,6 @@ class _Run:
         segmenter = CodeStream()
         text: list[str] = []
         stream_error: EngineError | None = None
-        closed: list[str] = []
         if self.spec is not None:
             self.spec.start_turn(index)
 
@@ -218,12 +207,11 @@ class _Run:
                                 self.trace.emit(
                                     "delta", turn=index, chars=len(delta.text), text=delta.text
                                 )
-                                self._segment(turn, segmenter.feed(delta.text), send, closed)
-                                if self.spec is not None and "\n" in delta.text:
-                                    self.spec.code_changed(
-                                        closed,
-                                        segmenter.current_block_code if segmenter.in_block else None,
-                                    )
+                                self._segment(turn, segmenter.feed(delta.text), send)
+                                if (self.spec is not None and "\n" in delta.text
+                                        and segmenter.in_block):
+                                    self.spec.open_block_grew(segmenter.closed_code,
+                                                              segmenter.open_tail)
                             if delta.finish_reason is not None:
                                 turn.finish_reason = delta.finish_reason
                             if delta.usage is not None:
@@ -231,7 +219,7 @@ class _Run:
                             if self.finished:
                                 turn.finish_reason = "final"
                                 break
-                    self._segment(turn, segmenter.finish(), send, closed)
+                    self._segment(turn, segmenter.finish(), send)
                 except EngineError as exc:
                     stream_error = exc
                     self.stopped_s = self.trace.now()
@@ -255,7 +243,7 @@ class _Run:
         )
         return turn
 
-    def _segment(self, turn: TurnRecord, events: list, send, closed: list[str]) -> None:
+    def _segment(self, turn: TurnRecord, events: list, send) -> None:
         for ev in events:
             if isinstance(ev, BlockOpened):
                 self.trace.emit("block_opened", turn=turn.index, block=ev.index)
@@ -269,10 +257,9 @@ class _Run:
                     "block_closed", turn=turn.index, block=ev.block_index, chars=len(ev.code),
                     unterminated=ev.unterminated,
                 )
-                closed.append(ev.code)
                 send.send_nowait(ev)
                 if self.spec is not None:
-                    self.spec.code_changed(closed, None)
+                    self.spec.block_closed(ev.code)
 
     async def _run_block(self, turn: TurnRecord, block: BlockClosed) -> None:
         assert self.kernel is not None
@@ -280,6 +267,8 @@ class _Run:
         turn.blocks.append(record)
         self.trace.emit("exec_started", turn=turn.index, block=block.block_index)
         self._current_block = (turn.index, block.block_index)
+        if self.spec is not None:
+            self.spec.block_started(block.block_index)
         result = await self.kernel.execute(block.code)
         if self.spec is not None:
             self.spec.block_executed(block.block_index)

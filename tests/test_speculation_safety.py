@@ -211,7 +211,7 @@ def test_unfinished_while_loop_launches_at_most_twice_the_calls():
 def test_data_dependent_break_leaves_few_unused_early_calls():
     code = ("found = None\nfor i in range(20):\n    if check(i):\n        found = i\n"
             "        break\nFINAL(found)")
-    seq, spec = run_both([fence(code)], tps=30)
+    seq, spec = run_both([fence(code)], tps=12, latency=0.002)
     assert_same(seq, spec)
     stats = spec[0].stats
     assert stats.launched - stats.hits <= 10, stats
@@ -233,12 +233,11 @@ def test_waste_counts_do_not_depend_on_timing():
         _, (spec, _bank) = run_both([fence(code)], tps=30)
         counts.add((spec.stats.launched, spec.stats.hits, spec.stats.wasted,
                     spec.stats.retracted))
-    assert len({(launched - hits, ) for launched, hits, _, _ in counts}) >= 1
-    # however many were launched, the classification of an unused call is by what the program
-    # did with its key, not by which event won a race
+    # however many were launched, an unused call is classified by what the program did with its
+    # key (check(3)... are never called: retracted), not by which event won a race
     for launched, hits, wasted, retracted in counts:
         assert wasted == 0, counts
-        assert retracted == launched - hits
+        assert retracted == launched - hits, counts
 
 
 # -- argument size ---------------------------------------------------------------------------
@@ -263,9 +262,9 @@ def _reset_peak_rss() -> None:
 def test_huge_arguments_get_a_clear_error_and_memory_stays_flat(speculation):
     code = ("s = 'x' * 60_000_000\nerrors = []\nfor _ in range(40):\n    try:\n"
             "        measure(s)\n    except Exception as e:\n"
-            "        errors.append(type(e).__name__ + ': ' + str(e))\n"
+            "        errors.append(repr(e))\n"
             "big = 'y' * 1_000_000\ntry:\n    measure([big] * 1000)\nexcept Exception as e:\n"
-            "    errors.append(type(e).__name__ + ': ' + str(e))\n"
+            "    errors.append(repr(e))\n"
             "print(len(errors), errors[0][:200])\nprint(errors[-1][:200])\nFINAL(len(errors))")
     bank = Bank()
     agent = Agent(ReplayEngine([fence(code)], 200), tools=bank.tools(), speculation=speculation,
