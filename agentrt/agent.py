@@ -13,6 +13,7 @@ import anyio
 from agentrt.engine.base import Engine, EngineError, Message, SamplingParams
 from agentrt.interpreter.kernel import Kernel, KernelError, KernelLimits
 from agentrt.interpreter.ledger import SpeculationBudget
+from agentrt.interpreter.protocol import to_plain
 from agentrt.interpreter.segmenter import BlockClosed, BlockOpened, CodeStream, StatementClosed
 from agentrt.tools import Tool, ToolRegistry, make_llm_tools
 
@@ -111,6 +112,26 @@ class _Run:
         """When the run stopped on an error (tearing the sandbox down is not counted)."""
         self._call_ids = 0
         self._current_block: tuple[int, int] = (0, 0)
+        self._kernel_ready = anyio.Event()
+        self._kernel_error: BaseException | None = None
+
+    async def _start_kernel(self, kernel: Kernel, context: Any) -> None:
+        """Start the sandbox and bind ``context``; a failure is raised by the first block."""
+        try:
+            await kernel.start()
+            await kernel.set_variable("context", context)
+        except Exception as exc:
+            self._kernel_error = exc
+        finally:
+            self._kernel_ready.set()
+
+    async def _kernel(self) -> Kernel:
+        """The started sandbox (waits for its start; raises its start error)."""
+        await self._kernel_ready.wait()
+        if self._kernel_error is not None:
+            raise self._kernel_error
+        assert self.kernel is not None
+        return self.kernel
 
     # -- tools -------------------------------------------------------------------------------
 
@@ -136,28 +157,27 @@ class _Run:
         namespace: dict[str, str] | None = None
         try:
             signatures = {t.name: t.signature_line() for t in agent.registry}
+            context = to_plain(self.context)  # not plain data: a TypeError now, as before
             async with contextlib.AsyncExitStack() as stack:
-                kernel = await stack.enter_async_context(
-                    Kernel(self.call_tool, signatures, limits=agent.kernel_limits)
-                )
+                kernel = Kernel(self.call_tool, signatures, limits=agent.kernel_limits)
+                stack.push_async_callback(kernel.aclose)
                 self.kernel = kernel
                 if agent.speculation:
                     self.spec = await stack.enter_async_context(
-                        Speculator(kernel, agent.registry, agent.budget, self.trace, self.stats)
+                        Speculator(kernel, agent.registry, agent.budget, self.trace, self.stats,
+                                   ready=self._kernel_ready)
                     )
-                await kernel.set_variable("context", self.context)
-                messages = self._initial_messages()
-                for index in range(agent.max_turns):
-                    turn = await self._turn(index, messages)
-                    if self.finished:
-                        status = "final"
-                        break
-                    messages.append({"role": "assistant", "content": turn.response})
-                    messages.append({"role": "user", "content": turn.observation})
-                end = self.trace.now()  # the answer is known; closing the sandbox is not waited on
-                if agent.capture_namespace:
-                    summary = await kernel.namespace_summary()
-                    namespace = {k: f"{v.type_name}: {v.repr}" for k, v in summary.items()}
+                # The sandbox starts while the model streams its first tokens; the first block
+                # (and the first shadow) wait for it.
+                failure: Exception | None = None
+                async with anyio.create_task_group() as starter:
+                    starter.start_soon(self._start_kernel, kernel, context)
+                    try:
+                        status, end, namespace = await self._converse()
+                    except Exception as exc:  # raised below, outside the task group
+                        failure = exc
+                if failure is not None:
+                    raise failure
         except (EngineError, KernelError) as exc:
             end = self.stopped_s
             status, error = "error", f"{type(exc).__name__}: {exc}"
@@ -168,6 +188,23 @@ class _Run:
             answer=self.answer, status=status, turns=self.turns, stats=self.stats,
             wall_s=wall, trace=self.trace, error=error, namespace=namespace,
         )
+
+    async def _converse(self) -> tuple[str, float | None, dict[str, str] | None]:
+        """The turns of the run: (status, end time, namespace summary)."""
+        status, namespace = "max_turns", None
+        messages = self._initial_messages()
+        for index in range(self.agent.max_turns):
+            turn = await self._turn(index, messages)
+            if self.finished:
+                status = "final"
+                break
+            messages.append({"role": "assistant", "content": turn.response})
+            messages.append({"role": "user", "content": turn.observation})
+        end = self.trace.now()  # the answer is known; closing the sandbox is not waited on
+        if self.agent.capture_namespace:
+            summary = await (await self._kernel()).namespace_summary()
+            namespace = {k: f"{v.type_name}: {v.repr}" for k, v in summary.items()}
+        return status, end, namespace
 
     def _initial_messages(self) -> list[Message]:
         lines = self.agent.registry.render_signatures()
@@ -225,6 +262,9 @@ class _Run:
                     self.stopped_s = self.trace.now()
         if self.spec is not None:
             await self.spec.end_turn()
+        if self._kernel_error is not None:
+            self.stopped_s = self.trace.now()
+            raise self._kernel_error
         turn.response = "".join(text)
         if stream_error is not None:
             turn.finished_s = self.trace.now()
@@ -262,6 +302,10 @@ class _Run:
                     self.spec.block_closed(ev.code)
 
     async def _run_block(self, turn: TurnRecord, block: BlockClosed) -> None:
+        await self._kernel_ready.wait()
+        if self._kernel_error is not None:
+            self.finished = True  # the run stops: the error is raised after the turn
+            return
         assert self.kernel is not None
         record = BlockRecord(code=block.code, started_s=self.trace.now())
         turn.blocks.append(record)
@@ -287,9 +331,9 @@ class _Run:
         prose = _FENCED.sub("", turn.response)
         match = _TEXT_FINAL_VAR.search(prose)
         if match:
-            assert self.kernel is not None
+            kernel = await self._kernel()
             try:
-                self.answer = await self.kernel.get_variable(match.group(1))
+                self.answer = await kernel.get_variable(match.group(1))
             except (KeyError, NameError):
                 return
             self.finished = True

@@ -120,8 +120,10 @@ class Speculator:
     """Shadow runs and early calls for one agent run; use as an async context manager."""
 
     def __init__(self, kernel: Kernel, registry: ToolRegistry, budget: SpeculationBudget,
-                 trace: Trace, stats: RunStats) -> None:
+                 trace: Trace, stats: RunStats, ready: anyio.Event | None = None) -> None:
         self.kernel = kernel
+        self._kernel_ready = ready
+        """Set once the kernel has started (shadows wait for it); None: started already."""
         self.registry = registry
         self.trace = trace
         self.stats = stats
@@ -300,6 +302,8 @@ class Speculator:
 
     async def _drive(self) -> None:
         """Keep the shadow in step with the code: replace it whenever the code changes."""
+        if self._kernel_ready is not None:
+            await self._kernel_ready.wait()
         while True:
             await self._dirty.wait()
             self._dirty = anyio.Event()
