@@ -94,6 +94,7 @@ class _Shadow:
     """First line of the repaired open tail in the shadow's code (None: no tail)."""
     local: dict[Any, EarlyCall] = field(default_factory=dict)
     occurrences: Counter = field(default_factory=Counter)
+    block_occurrences: Counter = field(default_factory=Counter)
     tail_keys: set = field(default_factory=set)
     tail_stalled: bool = False
     launched: int = 0
@@ -390,12 +391,16 @@ class Speculator:
         if origin.in_tail and not self._tail_allows(shadow, origin, key, deps):
             return None
         shadow.occurrences[key] += 1
+        shadow.block_occurrences[block, key] += 1
         n = shadow.occurrences[key]
         same = [c for c in self.ledger.calls
                 if c.key == key and c.tag.turn == self._turn and c.tag.block >= shadow.first_block
                 and c.tag.epoch == shadow.epoch and c.state != "cancelled"]
         if n <= len(same):
             return same[n - 1]
+        asked = self._asked.get((self._turn, block), Counter())[key]
+        if asked >= shadow.block_occurrences[block, key]:
+            return None  # the authoritative run has already made this call: too late
         if shadow.launched >= self.ledger.budget.max_per_shadow:
             return None
         call = self.ledger.launch(name, key, args, kwargs, tag=origin)
