@@ -12,12 +12,12 @@ import anyio
 
 from agentrt.engine.base import Engine, EngineError, Message, SamplingParams
 from agentrt.interpreter.kernel import Kernel, KernelError, KernelLimits
-from agentrt.interpreter.ledger import SpeculationBudget
 from agentrt.interpreter.protocol import to_plain
 from agentrt.interpreter.segmenter import BlockClosed, BlockOpened, CodeStream, StatementClosed
 from agentrt.tools import Tool, ToolRegistry, make_llm_tools
 
 from . import prompts
+from .ledger import SpeculationBudget
 from .results import BlockRecord, RunResult, RunStats, TurnRecord
 from .speculation import Speculator
 from .tool_calls import traced_call
@@ -247,8 +247,7 @@ class _Run:
                                 self._segment(turn, segmenter.feed(delta.text), send)
                                 if (self.spec is not None and "\n" in delta.text
                                         and segmenter.in_block):
-                                    self.spec.open_block_grew(segmenter.closed_code,
-                                                              segmenter.open_tail)
+                                    self.spec.open_block_grew(segmenter.open_tail)
                             if delta.finish_reason is not None:
                                 turn.finish_reason = delta.finish_reason
                             if delta.usage is not None:
@@ -292,6 +291,9 @@ class _Run:
                     "statement_closed", turn=turn.index, block=ev.block_index,
                     stmt=ev.stmt_index, lineno=ev.lineno,
                 )
+                if self.spec is not None:
+                    self.spec.statement_closed(ev.block_index, ev.lineno, ev.end_lineno,
+                                               ev.source)
             elif isinstance(ev, BlockClosed):
                 self.trace.emit(
                     "block_closed", turn=turn.index, block=ev.block_index, chars=len(ev.code),
@@ -299,7 +301,7 @@ class _Run:
                 )
                 send.send_nowait(ev)
                 if self.spec is not None:
-                    self.spec.block_closed(ev.code)
+                    self.spec.block_closed(ev.block_index, ev.code)
 
     async def _run_block(self, turn: TurnRecord, block: BlockClosed) -> None:
         await self._kernel_ready.wait()

@@ -51,10 +51,10 @@ from typing import Any
 import anyio
 
 from agentrt.interpreter.kernel import Kernel, KernelError, KernelProcess
-from agentrt.interpreter.ledger import EarlyCall, Ledger, SpeculationBudget
 from agentrt.interpreter.repair import repair_tail
 from agentrt.tools import ToolRegistry
 
+from .ledger import EarlyCall, Ledger, SpeculationBudget
 from .results import RunStats
 from .tool_calls import traced_call
 from .trace import Trace
@@ -79,6 +79,25 @@ class Origin:
     @property
     def site(self) -> tuple[int, int, int | None]:
         return self.turn, self.block, self.line
+
+
+@dataclass
+class _BlockCode:
+    """One block of the turn as the segmenter reported it."""
+
+    statements: list[tuple[int, int, str]] = field(default_factory=list)
+    """(first line, last line, source) of each closed top-level statement."""
+    closed: bool = False
+    broken: bool = False
+    """Closed with code the segmenter could not split (the real cell is a syntax error)."""
+    lines: int = 0
+
+    def close(self, code: str) -> None:
+        self.closed = True
+        self.lines = code.count("\n") + (0 if code.endswith("\n") or not code else 1)
+        last = self.statements[-1][1] if self.statements else 0
+        rest = code.splitlines()[last:]
+        self.broken = any(line.strip() and not line.lstrip().startswith("#") for line in rest)
 
 
 @dataclass
@@ -134,9 +153,10 @@ class Speculator:
         self._shadow: _Shadow | None = None
         self._dirty = anyio.Event()
         self._turn = -1
-        self._closed_blocks: list[str] = []
+        self._blocks: list[_BlockCode] = []
+        """This turn's blocks (the last one may still be open), as the segmenter closed them."""
         self._executed = 0
-        self._open: tuple[str, str] | None = None
+        self._tail = ""
         self._shadowed_code = ""
         self._claims = 0
         self._effects = 0
@@ -166,18 +186,28 @@ class Speculator:
 
     def start_turn(self, turn: int) -> None:
         self._turn = turn
-        self._closed_blocks, self._executed, self._open = [], 0, None
+        self._blocks, self._executed, self._tail = [], 0, ""
         self.ledger.new_turn()
 
-    def block_closed(self, code: str) -> None:
-        """The open block closed with ``code`` (blocks are numbered from 0 in each turn)."""
-        self._closed_blocks.append(code)
-        self._open = None
+    def statement_closed(self, block: int, lineno: int, end_lineno: int, source: str) -> None:
+        """The segmenter closed a top-level statement (lines ``lineno..end_lineno`` of ``block``)."""
+        while len(self._blocks) <= block:
+            self._blocks.append(_BlockCode())
+        self._blocks[block].statements.append((lineno, end_lineno, source))
+        self._tail = ""
         self._dirty.set()
 
-    def open_block_grew(self, closed_code: str, tail: str) -> None:
-        """The open block now has ``closed_code`` (its closed statements) and an open ``tail``."""
-        self._open = (closed_code, tail)
+    def block_closed(self, block: int, code: str) -> None:
+        """Block ``block`` (numbered from 0 in each turn) closed with ``code``."""
+        while len(self._blocks) <= block:
+            self._blocks.append(_BlockCode())
+        self._blocks[block].close(code)
+        self._tail = ""
+        self._dirty.set()
+
+    def open_block_grew(self, tail: str) -> None:
+        """The open block's text after its last closed statement is now ``tail``."""
+        self._tail = tail
         self._dirty.set()
 
     def block_started(self, block: int) -> None:
@@ -269,29 +299,34 @@ class Speculator:
 
     # -- shadows ----------------------------------------------------------------------------------
 
-    def _shadow_code(self) -> tuple[str, list[tuple[int, int]], int | None]:
-        parts: list[str] = []
+    def _shadow_code(self) -> tuple[list[tuple[int, int, str]], list[tuple[int, int]],
+                                    int | None]:
+        """(statements as (block, first line, source), layout, first line of the open tail).
+
+        Lines are numbered through all the blocks the shadow runs; a closed block whose code
+        the segmenter could not split into statements (a syntax error) is left out, as the
+        real run executes none of it.
+        """
+        statements: list[tuple[int, int, str]] = []
         layout: list[tuple[int, int]] = []
         tail_line: int | None = None
-        line = 1
-        blocks = list(enumerate(self._closed_blocks))[self._executed:]
-        if self._open is not None:
-            closed_code, tail = self._open
-            repaired = repair_tail(tail) if tail.strip() else None
-            if closed_code or repaired:
-                code = closed_code
+        first = 1
+        for index in range(self._executed, len(self._blocks)):
+            block = self._blocks[index]
+            if block.closed and block.broken:
+                first += block.lines
+                continue
+            layout.append((index, first))
+            statements += [(index, first + lineno - 1, source)
+                           for lineno, _, source in block.statements]
+            if not block.closed:
+                end = block.statements[-1][1] if block.statements else 0
+                repaired = repair_tail(self._tail) if self._tail.strip() else None
                 if repaired:
-                    tail_line = closed_code.count("\n") + 1  # within the block, fixed below
-                    code += repaired
-                blocks.append((len(self._closed_blocks), code))
-        for index, code in blocks:
-            code = code if code.endswith("\n") else code + "\n"
-            if index == len(self._closed_blocks) and tail_line is not None:
-                tail_line += line - 1
-            layout.append((index, line))
-            parts.append(code)
-            line += code.count("\n")
-        return "".join(parts), layout, tail_line
+                    tail_line = first + end
+                    statements.append((index, tail_line, repaired))
+            first += block.lines
+        return statements, layout, tail_line
 
     def _shadow_epoch(self) -> int | None:
         """The epoch a shadow started now would run in; None if it could launch nothing."""
@@ -308,25 +343,25 @@ class Speculator:
         while True:
             await self._dirty.wait()
             self._dirty = anyio.Event()
-            code, layout, tail_line = self._shadow_code()
+            statements, layout, tail_line = self._shadow_code()
             epoch = self._shadow_epoch()
-            if epoch is None:
-                code = ""
+            code = repr(statements) if statements and epoch is not None else ""
             if code == self._shadowed_code:
                 continue
             await self._kill_shadow()
             self._shadowed_code = code
-            if not code.strip() or epoch is None:
+            if not code:
                 continue
             try:
-                await self._start_shadow(code, layout, tail_line, epoch)
+                await self._start_shadow(statements, layout, tail_line, epoch)
             except (KernelError, OSError):
                 self._shadowed_code = ""  # the holder changed under us: try again
                 self._dirty.set()
                 await anyio.sleep(0.01)
 
-    async def _start_shadow(self, code: str, layout: list[tuple[int, int]],
-                            tail_line: int | None, epoch: int) -> None:
+    async def _start_shadow(self, statements: list[tuple[int, int, str]],
+                            layout: list[tuple[int, int]], tail_line: int | None,
+                            epoch: int) -> None:
         executed_before = self._executed
         handle = await self.kernel.fork_holder(shadow=True)
         if self._executed != executed_before or self._effects != epoch:
@@ -336,9 +371,10 @@ class Speculator:
             return
         shadow = _Shadow(handle, self._turn, epoch, layout, tail_line)
         self._shadow = shadow
-        self.trace.emit("spec_peek", turn=self._turn, lines=code.count("\n"))
-        await handle.post({"op": "shadow", "code": code, "speculatable": sorted(self.speculatable),
-                           "block_starts": [start for _, start in layout],
+        lines = sum(source.count("\n") for _, _, source in statements)
+        self.trace.emit("spec_peek", turn=self._turn, lines=lines)
+        await handle.post({"op": "shadow", "statements": [list(s) for s in statements],
+                           "speculatable": sorted(self.speculatable),
                            "cpu_s": SHADOW_CPU_S, "force_timeout": None})
 
     async def _kill_shadow(self) -> None:

@@ -174,11 +174,6 @@ class CodeStream:
         return self._code + self._pending
 
     @property
-    def closed_code(self) -> str:
-        """The current block's text up to the end of its last closed statement."""
-        return self.current_block_code[: self._line_offset(self._closed_upto)]
-
-    @property
     def open_tail(self) -> str:
         """The current block's text after its last closed statement ("" outside a block)."""
         return self.current_block_code[self._line_offset(self._closed_upto) :]

@@ -85,7 +85,6 @@ class ShadowRun:
         self.process = process
         self.sandbox = process._sandbox
         self.speculatable = set(message.get("speculatable", ()))
-        self.block_starts = sorted(int(n) for n in message.get("block_starts", ()) or (1,))
         self.table = LazyTable(force_timeout=message.get("force_timeout"))
         self.launches = PendingLaunches(self.table, self._send_launch)
         self._send_lock = threading.Lock()
@@ -94,7 +93,6 @@ class ShadowRun:
         self.stopped: str | None = None
         """Why the run stopped launching (an effectful tool reached), or None."""
         self.final_called = False
-        self._final_block = 0
 
     # -- messages ------------------------------------------------------------------------------
     def send(self, message: dict[str, Any]) -> None:
@@ -185,58 +183,65 @@ class ShadowRun:
         sandbox_module._active_sandbox = sandbox
 
     # -- running ---------------------------------------------------------------------------------
-    def _block_of(self, lineno: int) -> int:
-        block = 0
-        for index, start in enumerate(self.block_starts):
-            if lineno >= start:
-                block = index
-        return block
+    def _compile_blocks(self, statements: list[Any]) -> list[tuple[int, ast.Module, Any]]:
+        """(block, tree, code) of each statement; a block with a statement that does not
+        compile is left out entirely (the real cell would not run any of it)."""
+        compiled: list[tuple[int, ast.Module, Any]] = []
+        broken: set[int] = set()
+        for block, first_line, source in statements:
+            try:
+                tree = ast.parse(str(source))
+            except SyntaxError:
+                broken.add(block)
+                continue
+            ast.increment_lineno(tree, int(first_line) - 1)
+            result = compile_shadow(tree, SHADOW_FILENAME, policy=sandbox_module.SandboxPolicy)
+            if result.code is None:
+                broken.add(block)
+                continue
+            compiled.append((int(block), ast.parse(str(source)), result.code))
+        return [item for item in compiled if item[0] not in broken]
 
-    def run(self, code: str) -> None:
+    def run(self, statements: list[Any]) -> None:
+        """Run the statements the runtime sent: ``[block, first line, source]`` each, in order."""
         threading.Thread(target=self._receive_loop, daemon=True).start()
         self._enter_shadow_mode()
         executed = abandoned = 0
-        try:
-            tree = ast.parse(code)
-        except SyntaxError:
-            tree = ast.Module(body=[], type_ignores=[])
         namespace = self.sandbox.namespace
         skip_block: int | None = None
+        final_block: int | None = None
         faithful = True  # no statement abandoned yet: the state is the real run's
-        for stmt in tree.body:
-            block = self._block_of(stmt.lineno)
-            if skip_block is not None and block == skip_block:
+        for block, tree, code in self._compile_blocks(statements):
+            if final_block is not None and block > final_block:
+                break  # FINAL was called: the real run executes no later block
+            if block == skip_block:
                 continue
-            if self.final_called and block > self._final_block:
-                break
-            module = ast.Module(body=[stmt], type_ignores=[])
-            result = compile_shadow(module, SHADOW_FILENAME, policy=sandbox_module.SandboxPolicy)
-            if result.code is None:
-                abandoned += 1
-                skip_block = block  # a syntax error: the real cell does not run at all
-                continue
-            final_before = self.final_called
             try:
-                exec(result.code, namespace)
+                exec(code, namespace)
                 executed += 1
             except Abandoned:
                 abandoned += 1
                 faithful = False
-                for name in assigned_names(stmt):
-                    namespace.pop(name, None)
+                _forget(namespace, tree)
             except BaseException:  # the real cell stops here too (when the state is faithful)
                 abandoned += 1
-                for name in assigned_names(stmt):
-                    namespace.pop(name, None)
+                _forget(namespace, tree)
                 if faithful:
                     skip_block = block
-            if self.final_called and not final_before:
-                self._final_block = block
+            if self.final_called and final_block is None:
+                final_block = block
             if self.stopped is not None:
                 break
         self.send({"op": "shadow_done", "executed": executed, "abandoned": abandoned,
                    "pending": self.launches.pending_count(), "stopped": self.stopped})
         threading.Event().wait()  # keep serving pipelined launches until killed
+
+
+def _forget(namespace: dict[str, Any], tree: ast.Module) -> None:
+    """Unbind what a failed or abandoned statement may have bound."""
+    for stmt in tree.body:
+        for name in assigned_names(stmt):
+            namespace.pop(name, None)
 
 
 _GUARD_NAMES = ("_getattr_", "_getitem_", "_inplacevar_", "_write_", "_getiter_",
@@ -263,4 +268,5 @@ def _caller_line() -> int | None:
 
 def run_shadow(process: Any, message: dict[str, Any]) -> None:
     """Entry point from the worker's ``shadow`` command; never returns."""
-    ShadowRun(process, message).run(str(message.get("code", "")))
+    statements = message.get("statements")
+    ShadowRun(process, message).run(statements if isinstance(statements, list) else [])
