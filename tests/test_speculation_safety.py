@@ -278,3 +278,53 @@ def test_huge_arguments_get_a_clear_error_and_memory_stays_flat(speculation):
     assert "ToolError" in output and "bytes" in output
     assert bank.invocations.get("measure", 0) == 0
     assert growth <= 200, f"runtime RSS grew by {growth:.0f} MB"
+
+
+# -- defence in depth: the kernel refuses real tool calls from shadow forks ----------------------
+
+def test_kernel_refuses_tool_calls_from_a_shadow_fork():
+    from agentrt.interpreter.kernel import Kernel
+
+    calls: list[str] = []
+
+    async def handler(name, args, kwargs):
+        calls.append(name)
+        return 1
+
+    async def main():
+        async with Kernel(handler, {"act": "act(x)"}) as kernel:
+            await kernel.execute("keep = act")  # a tool proxy bound in the namespace
+            refused: list[dict] = []
+            kernel.on_message = lambda token, message: refused.append(message)
+            shadow = await kernel.fork_holder(shadow=True)
+            result = await shadow.execute("keep(1)")  # in place, bypassing any shadow logic
+            plain = await kernel.fork_holder()
+            ok = await plain.execute("r = keep(2)")
+            for handle in (shadow, plain):
+                await handle.kill()
+            return result, ok, kernel.refused_tool_calls, refused
+
+    result, ok, count, refused = anyio.run(main)
+    assert result.error_type == "PermissionError" and "shadow" in result.error
+    assert ok.error is None
+    assert calls == ["act"]  # only the ordinary fork's call ran
+    assert count == 1 and refused == [{"op": "refused_call", "name": "act"}]
+
+
+# -- argument limits, directly ---------------------------------------------------------------
+
+def test_argument_limits_count_shared_references_and_depth():
+    from agentrt.interpreter.arg_limits import check_arguments
+    from agentrt.interpreter.sandbox import ToolError
+
+    one_mb = "z" * 1_000_000
+    assert check_arguments("t", (one_mb,), {}) >= 1_000_000
+    with pytest.raises(ToolError, match="16,000,000 bytes"):
+        check_arguments("t", ([one_mb] * 1000,), {})
+    with pytest.raises(ToolError, match="limit of 3 levels"):
+        check_arguments("t", ([[[["deep"]]]],), {}, max_depth=3)
+    nested: list = []
+    nested.append(nested)  # a cycle is refused by depth, not looped over
+    with pytest.raises(ToolError, match="levels"):
+        check_arguments("t", (nested,), {})
+    assert check_arguments("t", (), {"k": [1, 2, 3]}) < 100
