@@ -162,7 +162,6 @@ class Speculator:
         self._effects = 0
         self._running_block_epoch: int | None = None
         self._asked: dict[tuple[int, int], Counter] = {}
-        self._site_hits: Counter = Counter()
         self._counted: set[int] = set()
 
     async def __aenter__(self) -> "Speculator":
@@ -259,7 +258,6 @@ class Speculator:
             return False, None
         self.stats.hits += 1
         self._counted.add(call.id)
-        self._site_hits[call.tag.site] += 1
         await call.done.wait()
         if call.started_s is not None:
             end = call.finished_s if call.finished_s is not None else call.claimed_s
