@@ -27,7 +27,7 @@ _EXPORTS = {
     "ReplayEngine": "agentrt.engine",
     "SamplingParams": "agentrt.engine",
     "KernelLimits": "agentrt.interpreter.kernel",
-    "SpeculationBudget": "agentrt.interpreter.ledger",
+    "SpeculationBudget": "agentrt.ledger",
     "Tool": "agentrt.tools",
     "ToolError": "agentrt.tools",
     "tool": "agentrt.tools",
@@ -38,7 +38,7 @@ __all__ = [*_EXPORTS, "__version__"]
 if TYPE_CHECKING:  # pragma: no cover
     from agentrt.engine import Engine, ReplayEngine, SamplingParams
     from agentrt.interpreter.kernel import KernelLimits
-    from agentrt.interpreter.ledger import SpeculationBudget
+    from agentrt.ledger import SpeculationBudget
     from agentrt.tools import Tool, ToolError, tool
 
     from .agent import Agent

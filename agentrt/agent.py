@@ -12,14 +12,16 @@ import anyio
 
 from agentrt.engine.base import Engine, EngineError, Message, SamplingParams
 from agentrt.interpreter.kernel import Kernel, KernelError, KernelLimits
-from agentrt.interpreter.ledger import SpeculationBudget
+from agentrt.interpreter.protocol import to_plain
 from agentrt.interpreter.segmenter import BlockClosed, BlockOpened, CodeStream, StatementClosed
 from agentrt.tools import Tool, ToolRegistry
 
 from . import prompts
+from .ledger import SpeculationBudget
 from .llm_tools import make_llm_tools
 from .results import BlockRecord, RunResult, RunStats, TurnRecord
 from .speculation import Speculator
+from .tool_calls import traced_call
 from .trace import Event, Trace
 
 _FENCED = re.compile(r"^```[^\n]*\n.*?(?:^```[ \t]*$|\Z)", re.S | re.M)
@@ -111,31 +113,40 @@ class _Run:
         """When the run stopped on an error (tearing the sandbox down is not counted)."""
         self._call_ids = 0
         self._current_block: tuple[int, int] = (0, 0)
+        self._kernel_ready = anyio.Event()
+        self._kernel_error: BaseException | None = None
+
+    async def _start_kernel(self, kernel: Kernel, context: Any) -> None:
+        """Start the sandbox and bind ``context``; a failure is raised by the first block."""
+        try:
+            await kernel.start()
+            await kernel.set_variable("context", context)
+        except Exception as exc:
+            self._kernel_error = exc
+        finally:
+            self._kernel_ready.set()
+
+    async def _kernel(self) -> Kernel:
+        """The started sandbox (waits for its start; raises its start error)."""
+        await self._kernel_ready.wait()
+        if self._kernel_error is not None:
+            raise self._kernel_error
+        assert self.kernel is not None
+        return self.kernel
 
     # -- tools -------------------------------------------------------------------------------
 
     async def call_tool(self, name: str, args: tuple, kwargs: dict, line: int | None = None) -> Any:
         """The kernel's tool handler for the authoritative run: claim or invoke, trace, count."""
+        turn, block = self._current_block
         if self.spec is not None:
-            hit, value = await self.spec.claim(name, args, kwargs)
+            hit, value = await self.spec.claim(name, args, kwargs, block=block)
             if hit:
                 return value
         self._call_ids += 1
-        call_id = self._call_ids
-        self.stats.tool_calls[name] += 1
-        turn, block = self._current_block
-        self.trace.emit("tool_started", call_id=call_id, tool=name, mode="sync", turn=turn,
-                        block=block, lineno=line)
-        try:
-            result = await self.agent.registry.call(name, args, kwargs)
-        except BaseException as exc:
-            self.trace.emit(
-                "tool_finished", call_id=call_id, tool=name, mode="sync",
-                error=f"{type(exc).__name__}: {exc}",
-            )
-            raise
-        self.trace.emit("tool_finished", call_id=call_id, tool=name, mode="sync", error=None)
-        return result
+        return await traced_call(self.agent.registry, self.trace, self.stats, name, args, kwargs,
+                                 call_id=self._call_ids, mode="sync", turn=turn, block=block,
+                                 lineno=line)
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -147,28 +158,27 @@ class _Run:
         namespace: dict[str, str] | None = None
         try:
             signatures = {t.name: t.signature_line() for t in agent.registry}
+            context = to_plain(self.context)  # not plain data: a TypeError now, as before
             async with contextlib.AsyncExitStack() as stack:
-                kernel = await stack.enter_async_context(
-                    Kernel(self.call_tool, signatures, limits=agent.kernel_limits)
-                )
+                kernel = Kernel(self.call_tool, signatures, limits=agent.kernel_limits)
+                stack.push_async_callback(kernel.aclose)
                 self.kernel = kernel
                 if agent.speculation:
                     self.spec = await stack.enter_async_context(
-                        Speculator(kernel, agent.registry, agent.budget, self.trace, self.stats)
+                        Speculator(kernel, agent.registry, agent.budget, self.trace, self.stats,
+                                   ready=self._kernel_ready)
                     )
-                await kernel.set_variable("context", self.context)
-                messages = self._initial_messages()
-                for index in range(agent.max_turns):
-                    turn = await self._turn(index, messages)
-                    if self.finished:
-                        status = "final"
-                        break
-                    messages.append({"role": "assistant", "content": turn.response})
-                    messages.append({"role": "user", "content": turn.observation})
-                end = self.trace.now()  # the answer is known; closing the sandbox is not waited on
-                if agent.capture_namespace:
-                    summary = await kernel.namespace_summary()
-                    namespace = {k: f"{v.type_name}: {v.repr}" for k, v in summary.items()}
+                # The sandbox starts while the model streams its first tokens; the first block
+                # (and the first shadow) wait for it.
+                failure: Exception | None = None
+                async with anyio.create_task_group() as starter:
+                    starter.start_soon(self._start_kernel, kernel, context)
+                    try:
+                        status, end, namespace = await self._converse()
+                    except Exception as exc:  # raised below, outside the task group
+                        failure = exc
+                if failure is not None:
+                    raise failure
         except (EngineError, KernelError) as exc:
             end = self.stopped_s
             status, error = "error", f"{type(exc).__name__}: {exc}"
@@ -179,6 +189,23 @@ class _Run:
             answer=self.answer, status=status, turns=self.turns, stats=self.stats,
             wall_s=wall, trace=self.trace, error=error, namespace=namespace,
         )
+
+    async def _converse(self) -> tuple[str, float | None, dict[str, str] | None]:
+        """The turns of the run: (status, end time, namespace summary)."""
+        status, namespace = "max_turns", None
+        messages = self._initial_messages()
+        for index in range(self.agent.max_turns):
+            turn = await self._turn(index, messages)
+            if self.finished:
+                status = "final"
+                break
+            messages.append({"role": "assistant", "content": turn.response})
+            messages.append({"role": "user", "content": turn.observation})
+        end = self.trace.now()  # the answer is known; closing the sandbox is not waited on
+        if self.agent.capture_namespace:
+            summary = await (await self._kernel()).namespace_summary()
+            namespace = {k: f"{v.type_name}: {v.repr}" for k, v in summary.items()}
+        return status, end, namespace
 
     def _initial_messages(self) -> list[Message]:
         lines = self.agent.registry.render_signatures()
@@ -197,7 +224,6 @@ class _Run:
         segmenter = CodeStream()
         text: list[str] = []
         stream_error: EngineError | None = None
-        closed: list[str] = []
         if self.spec is not None:
             self.spec.start_turn(index)
 
@@ -219,12 +245,10 @@ class _Run:
                                 self.trace.emit(
                                     "delta", turn=index, chars=len(delta.text), text=delta.text
                                 )
-                                self._segment(turn, segmenter.feed(delta.text), send, closed)
-                                if self.spec is not None and "\n" in delta.text:
-                                    self.spec.code_changed(
-                                        closed,
-                                        segmenter.current_block_code if segmenter.in_block else None,
-                                    )
+                                self._segment(turn, segmenter.feed(delta.text), send)
+                                if (self.spec is not None and "\n" in delta.text
+                                        and segmenter.in_block):
+                                    self.spec.open_block_grew(segmenter.open_tail)
                             if delta.finish_reason is not None:
                                 turn.finish_reason = delta.finish_reason
                             if delta.usage is not None:
@@ -232,12 +256,15 @@ class _Run:
                             if self.finished:
                                 turn.finish_reason = "final"
                                 break
-                    self._segment(turn, segmenter.finish(), send, closed)
+                    self._segment(turn, segmenter.finish(), send)
                 except EngineError as exc:
                     stream_error = exc
                     self.stopped_s = self.trace.now()
         if self.spec is not None:
             await self.spec.end_turn()
+        if self._kernel_error is not None:
+            self.stopped_s = self.trace.now()
+            raise self._kernel_error
         turn.response = "".join(text)
         if stream_error is not None:
             turn.finished_s = self.trace.now()
@@ -256,7 +283,7 @@ class _Run:
         )
         return turn
 
-    def _segment(self, turn: TurnRecord, events: list, send, closed: list[str]) -> None:
+    def _segment(self, turn: TurnRecord, events: list, send) -> None:
         for ev in events:
             if isinstance(ev, BlockOpened):
                 self.trace.emit("block_opened", turn=turn.index, block=ev.index)
@@ -265,22 +292,30 @@ class _Run:
                     "statement_closed", turn=turn.index, block=ev.block_index,
                     stmt=ev.stmt_index, lineno=ev.lineno,
                 )
+                if self.spec is not None:
+                    self.spec.statement_closed(ev.block_index, ev.lineno, ev.end_lineno,
+                                               ev.source)
             elif isinstance(ev, BlockClosed):
                 self.trace.emit(
                     "block_closed", turn=turn.index, block=ev.block_index, chars=len(ev.code),
                     unterminated=ev.unterminated,
                 )
-                closed.append(ev.code)
                 send.send_nowait(ev)
                 if self.spec is not None:
-                    self.spec.code_changed(closed, None)
+                    self.spec.block_closed(ev.block_index, ev.code)
 
     async def _run_block(self, turn: TurnRecord, block: BlockClosed) -> None:
+        await self._kernel_ready.wait()
+        if self._kernel_error is not None:
+            self.finished = True  # the run stops: the error is raised after the turn
+            return
         assert self.kernel is not None
         record = BlockRecord(code=block.code, started_s=self.trace.now())
         turn.blocks.append(record)
         self.trace.emit("exec_started", turn=turn.index, block=block.block_index)
         self._current_block = (turn.index, block.block_index)
+        if self.spec is not None:
+            self.spec.block_started(block.block_index)
         result = await self.kernel.execute(block.code)
         if self.spec is not None:
             self.spec.block_executed(block.block_index)
@@ -299,9 +334,9 @@ class _Run:
         prose = _FENCED.sub("", turn.response)
         match = _TEXT_FINAL_VAR.search(prose)
         if match:
-            assert self.kernel is not None
+            kernel = await self._kernel()
             try:
-                self.answer = await self.kernel.get_variable(match.group(1))
+                self.answer = await kernel.get_variable(match.group(1))
             except (KeyError, NameError):
                 return
             self.finished = True

@@ -67,6 +67,9 @@ class RunStats:
     """Early calls cancelled because a newer view of the code no longer justified them."""
     hidden_s: float = 0.0
     """Tool time that ran before the authoritative run asked for it."""
+    shadow_tool_calls_refused: int = 0
+    """Real tool calls that arrived from a shadow process and were refused (always 0 unless
+    a shadow escaped its launch logic)."""
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -1,21 +1,44 @@
 """Tool speculation: drive shadow runs while code streams, serve the authoritative run's claims.
 
-While a response streams, `Speculator` keeps one *shadow* process running the code the model has
-written so far and not yet executed for real: the closed blocks of this turn whose authoritative
-execution has not committed, plus the open block's text repaired to its longest runnable prefix
-(``repair_tail``). Each time that code grows by a line the shadow is replaced by a fresh fork of
-the namespace holder that runs the new code from the top. Shadows launch speculatable calls;
-the ledger keys them by (tool, canonical arguments) and a later shadow that makes the same call
-(the n-th occurrence of a key in a shadow maps to the n-th launch of that key) *adopts* the call
-already in flight instead of starting another. When a shadow has run all its code and a call
-it covers was not adopted, that call is *retracted*.
+`Speculator` is the one owner of speculation's rules: it launches early calls, adopts them across
+shadow runs, serves claims, retracts, applies the budgets and keeps the counters
+(``launched == hits + wasted + retracted``).
+
+While a response streams it keeps one *shadow* process running the code the model has written so
+far and not yet executed for real: the closed blocks of this turn whose authoritative execution
+has not committed, plus the open block's closed statements and its open tail repaired to its
+longest runnable prefix (``repair_tail``). Each time that code grows by a line the shadow is
+replaced by a fresh fork of the namespace holder that runs the new code from the top. Shadows
+launch speculatable calls; the ledger keys them by (tool, canonical arguments) and a later shadow
+that makes the same call (the n-th occurrence of a key in a shadow maps to the n-th launch of
+that key) *adopts* the call already in flight instead of starting another. When a shadow has run
+all its code and a call it covers was not adopted, that call is cancelled.
+
+Rules that keep the promise "same answers and effects, sooner":
+
+* **No early effects.** A shadow fork may not make real tool calls (the kernel refuses and
+  counts them); the shadow routes every tool object it reaches through its launch logic, and a
+  tool that is not speculatable stops the shadow there.
+* **Effect barrier.** Every early call belongs to an *epoch*: the number of effectful calls the
+  authoritative run had made when the code the shadow runs began. A shadow stops at its first
+  effectful call, so its launches all precede that effect; when the authoritative run reaches an
+  effectful call, the epoch advances, every unclaimed early call is cancelled, and only calls of
+  the current epoch can serve a claim. A read never overtakes a write.
+* **Ghost bound.** In the open tail (the statement still streaming) a call site that repeats a
+  key within one shadow run stops the tail's launches (an unfinished ``while`` makes no
+  progress), and launches that waited for an earlier result of the same site (a loop whose exit
+  depends on results) go out in a window of ``TAIL_WINDOW`` unclaimed calls per site, which
+  slides forward as the authoritative run claims them.
 
 The authoritative run (the kernel executing the complete block) claims calls by key: a hit waits
-for the early call's result, a miss calls the tool itself. What is never claimed is cancelled
-when its block has executed (``wasted``). Trace events: ``spec_peek`` [turn, lines],
-``spec_launch`` [early_id, tool, turn, block, lineno, deps], ``spec_claim`` [seq, tool,
-early_id or None], ``spec_cancel`` [early_id, reason: wasted | retracted], and ``tool_started`` /
-``tool_finished`` with ``mode="early"``.
+for the early call's result, a miss calls the tool itself. Counting is decided once the block
+has executed (or the turn ended), from what the program did, not from which event came first: an
+early call never claimed is **wasted** if the authoritative run called that key in that block
+(a duplicate, or one cancelled by an effect), and **retracted** if it never did (a call the
+finished code does not make). Trace events: ``spec_peek`` [turn, lines], ``spec_launch``
+[early_id, tool, turn, block, lineno, deps], ``spec_claim`` [seq, tool, early_id or None],
+``spec_cancel`` [early_id, reason: wasted | retracted], ``spec_effect`` [turn, epoch],
+``spec_refused`` [tool], and ``tool_started`` / ``tool_finished`` with ``mode="early"``.
 """
 
 from __future__ import annotations
@@ -28,27 +51,71 @@ from typing import Any
 import anyio
 
 from agentrt.interpreter.kernel import Kernel, KernelError, KernelProcess
-from agentrt.interpreter.ledger import EarlyCall, Ledger, SpeculationBudget
 from agentrt.interpreter.repair import repair_tail
 from agentrt.tools import ToolRegistry
 
+from .ledger import EarlyCall, Ledger, SpeculationBudget
 from .results import RunStats
+from .tool_calls import traced_call
 from .trace import Trace
 
 SHADOW_CPU_S = 2
 """CPU seconds one shadow may burn (a runaway ``while`` is stopped there)."""
+TAIL_WINDOW = 4
+"""Unclaimed early calls per call site, among launches that waited for an earlier result of the
+same site, while that site's statement is still streaming."""
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where an early call was launched from (the ledger's ``tag``)."""
+
+    turn: int
+    block: int
+    line: int | None
+    epoch: int
+    in_tail: bool
+
+    @property
+    def site(self) -> tuple[int, int, int | None]:
+        return self.turn, self.block, self.line
+
+
+@dataclass
+class _BlockCode:
+    """One block of the turn as the segmenter reported it."""
+
+    statements: list[tuple[int, int, str]] = field(default_factory=list)
+    """(first line, last line, source) of each closed top-level statement."""
+    closed: bool = False
+    broken: bool = False
+    """Closed with code the segmenter could not split (the real cell is a syntax error)."""
+    lines: int = 0
+
+    def close(self, code: str) -> None:
+        self.closed = True
+        self.lines = code.count("\n") + (0 if code.endswith("\n") or not code else 1)
+        last = self.statements[-1][1] if self.statements else 0
+        rest = code.splitlines()[last:]
+        self.broken = any(line.strip() and not line.lstrip().startswith("#") for line in rest)
 
 
 @dataclass
 class _Shadow:
-    """One shadow process and what it has adopted."""
+    """One shadow process and what it has launched or adopted."""
 
     handle: KernelProcess
     turn: int
+    epoch: int
     layout: list[tuple[int, int]]
     """(block index, first line) of each block in the shadow's code, in order."""
+    tail_line: int | None
+    """First line of the repaired open tail in the shadow's code (None: no tail)."""
     local: dict[Any, EarlyCall] = field(default_factory=dict)
     occurrences: Counter = field(default_factory=Counter)
+    block_occurrences: Counter = field(default_factory=Counter)
+    tail_keys: set = field(default_factory=set)
+    tail_stalled: bool = False
     launched: int = 0
 
     @property
@@ -65,27 +132,37 @@ class _Shadow:
                 block, first = b, start
         return block, lineno - first + 1
 
+    def in_tail(self, lineno: int | None) -> bool:
+        return self.tail_line is not None and lineno is not None and lineno >= self.tail_line
+
 
 class Speculator:
     """Shadow runs and early calls for one agent run; use as an async context manager."""
 
     def __init__(self, kernel: Kernel, registry: ToolRegistry, budget: SpeculationBudget,
-                 trace: Trace, stats: RunStats) -> None:
+                 trace: Trace, stats: RunStats, ready: anyio.Event | None = None) -> None:
         self.kernel = kernel
+        self._kernel_ready = ready
+        """Set once the kernel has started (shadows wait for it); None: started already."""
         self.registry = registry
         self.trace = trace
         self.stats = stats
         self.ledger = Ledger(self._invoke_early, budget, trace.now)
-        self.speculatable = [t.name for t in registry if t.speculate]
+        self.speculatable = frozenset(t.name for t in registry if t.speculate)
         self._tg: anyio.abc.TaskGroup | None = None
         self._shadow: _Shadow | None = None
         self._dirty = anyio.Event()
         self._turn = -1
-        self._closed_blocks: list[str] = []
+        self._blocks: list[_BlockCode] = []
+        """This turn's blocks (the last one may still be open), as the segmenter closed them."""
         self._executed = 0
-        self._open_code: str | None = None
+        self._tail = ""
         self._shadowed_code = ""
         self._claims = 0
+        self._effects = 0
+        self._running_block_epoch: int | None = None
+        self._asked: dict[tuple[int, int], Counter] = {}
+        self._counted: set[int] = set()
 
     async def __aenter__(self) -> "Speculator":
         await self.ledger.__aenter__()
@@ -98,7 +175,7 @@ class Speculator:
     async def __aexit__(self, *exc: Any) -> bool | None:
         assert self._tg is not None
         self.kernel.on_message = None
-        self._end_turn_calls()
+        self._settle(lambda c: True)
         await self._kill_shadow()
         self._tg.cancel_scope.cancel()
         await self._tg.__aexit__(None, None, None)
@@ -108,131 +185,194 @@ class Speculator:
 
     def start_turn(self, turn: int) -> None:
         self._turn = turn
-        self._closed_blocks, self._executed, self._open_code = [], 0, None
+        self._blocks, self._executed, self._tail = [], 0, ""
         self.ledger.new_turn()
 
-    def code_changed(self, closed_blocks: list[str], open_code: str | None) -> None:
-        """The response's code grew: the closed blocks so far and the open block's text."""
-        self._closed_blocks = list(closed_blocks)
-        self._open_code = open_code
+    def statement_closed(self, block: int, lineno: int, end_lineno: int, source: str) -> None:
+        """The segmenter closed a top-level statement (lines ``lineno..end_lineno`` of ``block``)."""
+        while len(self._blocks) <= block:
+            self._blocks.append(_BlockCode())
+        self._blocks[block].statements.append((lineno, end_lineno, source))
+        self._tail = ""
         self._dirty.set()
 
+    def block_closed(self, block: int, code: str) -> None:
+        """Block ``block`` (numbered from 0 in each turn) closed with ``code``."""
+        while len(self._blocks) <= block:
+            self._blocks.append(_BlockCode())
+        self._blocks[block].close(code)
+        self._tail = ""
+        self._dirty.set()
+
+    def open_block_grew(self, tail: str) -> None:
+        """The open block's text after its last closed statement is now ``tail``."""
+        self._tail = tail
+        self._dirty.set()
+
+    def block_started(self, block: int) -> None:
+        """The authoritative run starts executing block ``block``."""
+        self._running_block_epoch = self._effects
+        self._asked.setdefault((self._turn, block), Counter())
+
     def block_executed(self, block: int) -> None:
-        """The authoritative run finished block ``block``: its unclaimed calls are wasted."""
+        """The authoritative run finished block ``block``: its unclaimed calls are settled."""
         self._executed = block + 1
-        self._cancel(lambda c: c.tag == (self._turn, block), "wasted")
+        self._running_block_epoch = None
+        self._settle(lambda c: (c.tag.turn, c.tag.block) == (self._turn, block))
         self._dirty.set()
 
     async def end_turn(self) -> None:
-        self._end_turn_calls()
+        self._settle(lambda c: True)
         await self._kill_shadow()
         self._shadowed_code = ""
 
-    def _end_turn_calls(self) -> None:
-        self._cancel(lambda c: True, "wasted")
-
     # -- claims from the authoritative run ------------------------------------------------------
 
-    async def claim(self, name: str, args: tuple, kwargs: dict) -> tuple[bool, Any]:
+    async def claim(self, name: str, args: tuple, kwargs: dict,
+                    block: int | None = None) -> tuple[bool, Any]:
         """``(True, result)`` when an early call serves this call; ``(False, None)`` on a miss.
 
         The early call's exception, if it raised, is raised here, exactly where a sequential
-        run would have raised it.
+        run would have raised it. A call of a tool that is not speculatable advances the epoch
+        (see the module docstring) before it runs.
         """
         tool = self.registry.get(name)
         seq = self._claims
         self._claims += 1
         if not tool.speculate:
+            await self._effect()
             return False, None
         try:
             key = tool.call_key(args, kwargs)
         except Exception:
             return False, None  # let the plain call raise the same validation error
-        call = self.ledger.claim(key)
+        if block is not None:
+            self._asked.setdefault((self._turn, block), Counter())[key] += 1
+        epoch = self._effects
+        call = self.ledger.claim(key, accept=lambda c: c.tag.epoch == epoch
+                                 and c.tag.turn == self._turn)
         self.trace.emit("spec_claim", seq=seq, tool=name,
                         early_id=call.id if call is not None else None)
         if call is None:
             self.stats.misses += 1
             return False, None
         self.stats.hits += 1
+        self._counted.add(call.id)
         await call.done.wait()
         if call.started_s is not None:
             end = call.finished_s if call.finished_s is not None else call.claimed_s
             self.stats.hidden_s += max(0.0, min(end, call.claimed_s) - call.started_s)
         return True, call.outcome()
 
+    async def _effect(self) -> None:
+        """An effectful call is about to run: nothing launched before it may serve after it."""
+        self._effects += 1
+        self.trace.emit("spec_effect", turn=self._turn, epoch=self._effects)
+        for call in list(self.ledger.calls):
+            if not call.claimed:
+                self.ledger.cancel(call)
+        await self._kill_shadow()
+        self._shadowed_code = ""
+
     # -- early calls ----------------------------------------------------------------------------
 
     async def _invoke_early(self, call: EarlyCall) -> Any:
-        self.stats.tool_calls[call.tool] += 1
-        self.trace.emit("tool_started", call_id=call.id, tool=call.tool, mode="early")
-        try:
-            result = await self.registry.call(call.tool, call.args, call.kwargs)
-        except BaseException as exc:
-            self.trace.emit("tool_finished", call_id=call.id, tool=call.tool, mode="early",
-                            error=f"{type(exc).__name__}: {exc}")
-            raise
-        self.trace.emit("tool_finished", call_id=call.id, tool=call.tool, mode="early", error=None)
-        return result
+        return await traced_call(self.registry, self.trace, self.stats, call.tool, call.args,
+                                 call.kwargs, call_id=call.id, mode="early")
 
-    def _cancel(self, predicate, reason: str) -> None:
+    def _settle(self, predicate) -> None:
+        """Cancel and count every unclaimed early call matching ``predicate`` (once each)."""
         for call in list(self.ledger.calls):
-            if predicate(call) and self.ledger.cancel(call, retract=reason == "retracted"):
-                if reason == "retracted":
-                    self.stats.retracted += 1
-                else:
-                    self.stats.wasted += 1
-                self.trace.emit("spec_cancel", early_id=call.id, reason=reason)
+            if call.id in self._counted or call.claimed or not predicate(call):
+                continue
+            self.ledger.cancel(call)
+            self._counted.add(call.id)
+            asked = self._asked.get((call.tag.turn, call.tag.block), Counter())
+            reason = "wasted" if asked[call.key] else "retracted"
+            if reason == "wasted":
+                self.stats.wasted += 1
+            else:
+                self.stats.retracted += 1
+            self.trace.emit("spec_cancel", early_id=call.id, reason=reason)
 
     # -- shadows ----------------------------------------------------------------------------------
 
-    def _shadow_code(self) -> tuple[str, list[tuple[int, int]]]:
-        parts: list[str] = []
+    def _shadow_code(self) -> tuple[list[tuple[int, int, str]], list[tuple[int, int]],
+                                    int | None]:
+        """(statements as (block, first line, source), layout, first line of the open tail).
+
+        Lines are numbered through all the blocks the shadow runs; a closed block whose code
+        the segmenter could not split into statements (a syntax error) is left out, as the
+        real run executes none of it.
+        """
+        statements: list[tuple[int, int, str]] = []
         layout: list[tuple[int, int]] = []
-        line = 1
-        blocks = list(enumerate(self._closed_blocks))[self._executed:]
-        if self._open_code is not None:
-            tail = repair_tail(self._open_code)
-            if tail:
-                blocks.append((len(self._closed_blocks), tail))
-        for index, code in blocks:
-            code = code if code.endswith("\n") else code + "\n"
-            layout.append((index, line))
-            parts.append(code)
-            line += code.count("\n")
-        return "".join(parts), layout
+        tail_line: int | None = None
+        first = 1
+        for index in range(self._executed, len(self._blocks)):
+            block = self._blocks[index]
+            if block.closed and block.broken:
+                first += block.lines
+                continue
+            layout.append((index, first))
+            statements += [(index, first + lineno - 1, source)
+                           for lineno, _, source in block.statements]
+            if not block.closed:
+                end = block.statements[-1][1] if block.statements else 0
+                repaired = repair_tail(self._tail) if self._tail.strip() else None
+                if repaired:
+                    tail_line = first + end
+                    statements.append((index, tail_line, repaired))
+            first += block.lines
+        return statements, layout, tail_line
+
+    def _shadow_epoch(self) -> int | None:
+        """The epoch a shadow started now would run in; None if it could launch nothing."""
+        if self._running_block_epoch is None:
+            return self._effects
+        if self._running_block_epoch != self._effects:
+            return None  # the running block passed an effect: wait until it has executed
+        return self._effects
 
     async def _drive(self) -> None:
         """Keep the shadow in step with the code: replace it whenever the code changes."""
+        if self._kernel_ready is not None:
+            await self._kernel_ready.wait()
         while True:
             await self._dirty.wait()
             self._dirty = anyio.Event()
-            code, layout = self._shadow_code()
+            statements, layout, tail_line = self._shadow_code()
+            epoch = self._shadow_epoch()
+            code = repr(statements) if statements and epoch is not None else ""
             if code == self._shadowed_code:
                 continue
             await self._kill_shadow()
             self._shadowed_code = code
-            if not code.strip():
+            if not code:
                 continue
             try:
-                await self._start_shadow(code, layout)
+                await self._start_shadow(statements, layout, tail_line, epoch)
             except (KernelError, OSError):
                 self._shadowed_code = ""  # the holder changed under us: try again
                 self._dirty.set()
                 await anyio.sleep(0.01)
 
-    async def _start_shadow(self, code: str, layout: list[tuple[int, int]]) -> None:
+    async def _start_shadow(self, statements: list[tuple[int, int, str]],
+                            layout: list[tuple[int, int]], tail_line: int | None,
+                            epoch: int) -> None:
         executed_before = self._executed
-        handle = await self.kernel.fork_holder()
-        if self._executed != executed_before:  # a block committed while we forked
-            await handle.kill(wait=False)
+        handle = await self.kernel.fork_holder(shadow=True)
+        if self._executed != executed_before or self._effects != epoch:
+            await handle.kill(wait=False)  # a block committed or an effect ran while we forked
             self._shadowed_code = ""
             self._dirty.set()
             return
-        shadow = _Shadow(handle, self._turn, layout)
+        shadow = _Shadow(handle, self._turn, epoch, layout, tail_line)
         self._shadow = shadow
-        self.trace.emit("spec_peek", turn=self._turn, lines=code.count("\n"))
-        await handle.post({"op": "shadow", "code": code, "speculatable": self.speculatable,
+        lines = sum(source.count("\n") for _, _, source in statements)
+        self.trace.emit("spec_peek", turn=self._turn, lines=lines)
+        await handle.post({"op": "shadow", "statements": [list(s) for s in statements],
+                           "speculatable": sorted(self.speculatable),
                            "cpu_s": SHADOW_CPU_S, "force_timeout": None})
 
     async def _kill_shadow(self) -> None:
@@ -242,10 +382,14 @@ class Speculator:
                 await shadow.handle.kill(wait=False)
 
     def _on_message(self, token: str, message: dict[str, Any]) -> None:
+        op = message.get("op")
+        if op == "refused_call":
+            self.stats.shadow_tool_calls_refused += 1
+            self.trace.emit("spec_refused", tool=str(message.get("name")))
+            return
         shadow = self._shadow
         if shadow is None or shadow.handle.token != token:
             return  # a superseded shadow: ignore what it still says
-        op = message.get("op")
         if op == "launch":
             self._on_launch(shadow, message)
         elif op == "shadow_done":
@@ -257,37 +401,65 @@ class Speculator:
         name = message.get("name")
         args = tuple(message.get("args") or ())
         kwargs = dict(message.get("kwargs") or {})
-        block, line = shadow.block_of(message.get("lineno"))
-        call = None
-        if name in self.speculatable:
-            tool = self.registry.get(name)
-            try:
-                key = tool.call_key(args, kwargs)
-            except Exception:
-                key = None
-            if key is not None:
-                shadow.occurrences[key] += 1
-                n = shadow.occurrences[key]
-                same = [c for c in self.ledger.calls
-                        if c.key == key and c.tag[0] == self._turn and c.tag[1] >= shadow.first_block
-                        and c.state != "cancelled"]
-                if n <= len(same):
-                    call = same[n - 1]
-                elif shadow.launched < self.ledger.budget.max_per_shadow:
-                    call = self.ledger.launch(name, key, args, kwargs, tag=(self._turn, block))
-                    if call is not None:
-                        shadow.launched += 1
-                        self.stats.launched += 1
-                        deps = sorted({shadow.local[d].id for d in message.get("deps") or ()
-                                       if d in shadow.local})
-                        self.trace.emit("spec_launch", early_id=call.id, tool=name,
-                                        turn=self._turn, block=block, lineno=line, deps=deps)
+        lineno = message.get("lineno")
+        deps = [shadow.local[d] for d in message.get("deps") or () if d in shadow.local]
+        call = self._early_call(shadow, name, args, kwargs, lineno, deps)
         if call is None:
             self._post(shadow, {"op": "early_poison", "call": local_id, "message": "not launched"})
             return
         shadow.local[local_id] = call
         assert self._tg is not None
         self._tg.start_soon(self._deliver, shadow, local_id, call)
+
+    def _early_call(self, shadow: _Shadow, name: Any, args: tuple, kwargs: dict,
+                    lineno: int | None, deps: list[EarlyCall]) -> EarlyCall | None:
+        """The early call serving this launch: adopted, newly started, or None (refused)."""
+        if name not in self.speculatable or shadow.epoch != self._effects:
+            return None
+        try:
+            key = self.registry.get(name).call_key(args, kwargs)
+        except Exception:
+            return None
+        block, line = shadow.block_of(lineno)
+        origin = Origin(self._turn, block, line, shadow.epoch, shadow.in_tail(lineno))
+        if origin.in_tail and not self._tail_allows(shadow, origin, key, deps):
+            return None
+        shadow.occurrences[key] += 1
+        shadow.block_occurrences[block, key] += 1
+        n = shadow.occurrences[key]
+        same = [c for c in self.ledger.calls
+                if c.key == key and c.tag.turn == self._turn and c.tag.block >= shadow.first_block
+                and c.tag.epoch == shadow.epoch and c.state != "cancelled"]
+        if n <= len(same):
+            return same[n - 1]
+        asked = self._asked.get((self._turn, block), Counter())[key]
+        if asked >= shadow.block_occurrences[block, key]:
+            return None  # the authoritative run has already made this call: too late
+        if shadow.launched >= self.ledger.budget.max_per_shadow:
+            return None
+        call = self.ledger.launch(name, key, args, kwargs, tag=origin)
+        if call is None:
+            return None
+        shadow.launched += 1
+        self.stats.launched += 1
+        self.trace.emit("spec_launch", early_id=call.id, tool=name, turn=self._turn, block=block,
+                        lineno=line, deps=sorted({d.id for d in deps}))
+        return call
+
+    def _tail_allows(self, shadow: _Shadow, origin: Origin, key: str,
+                     deps: list[EarlyCall]) -> bool:
+        """The ghost bound for launches from the open tail (see the module docstring)."""
+        if shadow.tail_stalled:
+            return False
+        if (origin.site, key) in shadow.tail_keys:
+            shadow.tail_stalled = True  # the loop made no progress: stop launching from the tail
+            return False
+        shadow.tail_keys.add((origin.site, key))
+        if not any(d.tag.site == origin.site for d in deps):
+            return True  # does not wait for this site's earlier results: a parallel loop
+        unclaimed = sum(1 for c in shadow.local.values()
+                        if c.tag.site == origin.site and not c.claimed)
+        return unclaimed < TAIL_WINDOW
 
     async def _deliver(self, shadow: _Shadow, local_id: Any, call: EarlyCall) -> None:
         await call.done.wait()
@@ -309,12 +481,13 @@ class Speculator:
                 await shadow.handle.post(message)
 
     def _retract_unadopted(self, shadow: _Shadow) -> None:
+        """The shadow ran all its code: calls of its blocks it did not adopt are cancelled now
+        (counted when their block has executed or the turn ends)."""
         adopted = {id(c) for c in shadow.local.values()}
-        self._cancel(
-            lambda c: c.tag[0] == self._turn and c.tag[1] >= shadow.first_block
-            and id(c) not in adopted,
-            "retracted",
-        )
+        for call in list(self.ledger.calls):
+            if (call.tag.turn == self._turn and call.tag.block >= shadow.first_block
+                    and id(call) not in adopted and not call.claimed):
+                self.ledger.cancel(call, retract=True)
 
 
-__all__ = ["Speculator", "SpeculationBudget", "SHADOW_CPU_S"]
+__all__ = ["Origin", "Speculator", "SpeculationBudget", "SHADOW_CPU_S", "TAIL_WINDOW"]

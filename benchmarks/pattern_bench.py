@@ -118,14 +118,15 @@ def markdown(rows: list[dict], tps: float, latency: float) -> str:
     lines = [
         f"Replay at {tps:g} tok/s, tool latency {latency:g} s (x0.5..x2 per tool).",
         "",
-        "| pattern | sequential s | speculative s | speedup | limit s | efficiency | hits | misses | wasted | identical |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| pattern | sequential s | speculative s | speedup | limit s | efficiency | launched | hits | misses | wasted | retracted | identical |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['pattern']} | {r['sequential_s']:.2f} | {r['speculative_s']:.2f} | "
-            f"{r['speedup']:.2f}x | {r['limit_s']:.2f} | {r['efficiency']:.2f} | {r['hits']} | "
-            f"{r['misses']} | {r['wasted']} | {'yes' if r['identical'] else 'NO'} |"
+            f"{r['speedup']:.2f}x | {r['limit_s']:.2f} | {r['efficiency']:.2f} | "
+            f"{r['launched']} | {r['hits']} | {r['misses']} | {r['wasted']} | {r['retracted']} | "
+            f"{'yes' if r['identical'] else 'NO'} |"
         )
     geo = math.exp(sum(math.log(r["efficiency"]) for r in rows) / len(rows))
     lines += ["", f"Geometric-mean efficiency: {geo:.3f}"]
@@ -154,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
             f"[{i}/{len(chosen)}] {p.name:22} seq {row['sequential_s']:6.2f}s  spec "
             f"{row['speculative_s']:6.2f}s  {row['speedup']:5.2f}x  limit {row['limit_s']:6.2f}s  "
             f"eff {row['efficiency']:.2f}  hits {row['hits']:2} miss {row['misses']:2} "
-            f"waste {row['wasted']:2}  {'same' if row['identical'] else 'DIFFERENT'}",
+            f"waste {row['wasted']:2} retr {row['retracted']:2}  "
+            f"{'same' if row['identical'] else 'DIFFERENT'}",
             flush=True,
         )
     table = markdown(rows, args.tokens_per_second, args.latency)

@@ -93,8 +93,21 @@ def make_tools(latency: float) -> dict[str, Tool]:
         saved.append(text)
         return len(saved)
 
+    @tool(speculate=True)  # reads what save_note writes: an effect barrier keeps it in order
+    async def count_notes() -> int:
+        """How many notes are stored."""
+        await anyio.sleep(latency * 0.5)
+        return len(saved)
+
+    @tool(speculate=True)
+    async def mentions(doc: str, word: str) -> bool:
+        """Whether a document mentions a word (doc5 and later mention "budget")."""
+        await anyio.sleep(latency * 0.5)
+        return word == "budget" and int(doc[3:]) >= 5
+
     return {t.name: t for t in (summarize, score, extract, classify, step, llm_vote, combine,
-                                count_pages, fetch_page, neighbors, save_note)}
+                                count_pages, fetch_page, neighbors, save_note, count_notes,
+                                mentions)}
 
 
 def fence(code: str) -> str:
@@ -256,6 +269,33 @@ a = summarize(context[5])
 b = summarize(context[6])
 """) + "\n" + PROSE * 3 + "\nThat is the plan.\n",
             fence("FINAL(a + ' ' + b)")], DOCS, ("summarize",), "prose before and after the block"),
+        # shapes that used to waste early calls or break the effect order
+        P("while_update_last", [fence("""
+i = 0
+scores = []
+while i < 6:
+    scores.append(score(context[i]))
+    i += 1
+print(scores)
+FINAL(scores)
+""")], DOCS, ("score",), "while loop whose i += 1 streams after the call"),
+        P("first_match", [fence("""
+hit = None
+for doc in context:
+    if mentions(doc, "budget"):
+        hit = doc
+        break
+print("first", hit)
+FINAL(hit)
+""")], DOCS, ("mentions",), "stop at the first matching result of 16"),
+        P("read_after_write", [fence("""
+before = count_notes()
+note = save_note(summarize(context[0]))
+after = count_notes()
+other = summarize(context[1])
+print(before, note, after, other)
+FINAL([before, note, after, other])
+""")], DOCS, ("count_notes", "save_note", "summarize"), "a read of what an effect wrote"),
     ]
 
 

@@ -198,6 +198,7 @@ class _Proc:
         self.stop_reason: str | None = None
         self.pending: set[_Pending] = set()
         self.tool_scopes: set[anyio.CancelScope] = set()
+        self.tool_calls_allowed = True
 
     @property
     def alive(self) -> bool:
@@ -409,6 +410,8 @@ class Kernel:
         self._jail = jail.OFF
         self.on_message: Callable[[str, dict[str, Any]], None] | None = None
         """Receives ``(process token, message)`` for the shadow messages of forked processes."""
+        self.refused_tool_calls = 0
+        """Real tool calls refused because they came from a shadow fork."""
         self._handler_takes_line = "line" in inspect.signature(tool_handler).parameters
 
     # -- lifecycle --------------------------------------------------------------
@@ -538,8 +541,12 @@ class Kernel:
             await self._ensure_main()
             return await self._main.fork()
 
-    async def fork_holder(self) -> KernelProcess:
+    async def fork_holder(self, *, shadow: bool = False) -> KernelProcess:
         """Fork the process holding the namespace *now*, without waiting for a running cell.
+
+        With ``shadow`` the fork may never make a real tool call: one that arrives anyway is
+        refused (the code gets a PermissionError), counted in ``refused_tool_calls`` and
+        reported to ``on_message`` as ``refused_call``.
 
         While a cell runs, the holder still has the namespace as it was before the cell, so
         the fork sees that state. Raises `KernelProcessDied` if the holder is being replaced.
@@ -547,7 +554,7 @@ class Kernel:
         self._check_running()
         if self._main is None:
             raise KernelProcessDied("the kernel has no namespace holder")
-        return await self._fork(self._main._require_alive())
+        return await self._fork(self._main._require_alive(), tool_calls=not shadow)
 
     async def set_proxy_factory(self, factory: str) -> None:
         """Rebuild the namespace's tool proxies with another factory (kept across restarts)."""
@@ -640,6 +647,9 @@ class Kernel:
                     or not all(type(k) is str for k in kwargs):
                 raise ProtocolError("malformed tool call")
             line = message.get("line")
+            if not proc.tool_calls_allowed:
+                self._refuse_tool_call(proc, call_id, name)
+                return
             self._group.start_soon(self._run_tool_call, proc, call_id, name, tuple(args), kwargs,
                                    line if type(line) is int else None)
         elif op == "forked":
@@ -664,6 +674,20 @@ class Kernel:
             self.on_message(proc.token, message)
         elif op not in SHADOW_MESSAGES:
             raise ProtocolError(f"unknown message {op!r}")
+
+    def _refuse_tool_call(self, proc: _Proc, call_id: int, name: str) -> None:
+        self.refused_tool_calls += 1
+        if self.on_message is not None:
+            self.on_message(proc.token, {"op": "refused_call", "name": name})
+        reply = {"op": "tool_error", "call": call_id, "type": "PermissionError",
+                 "original_type": "PermissionError",
+                 "message": f"{name}(): a shadow process may not call tools"}
+
+        async def send() -> None:
+            with contextlib.suppress(KernelProcessDied):
+                await proc.send(reply)
+
+        self._group.start_soon(send)
 
     async def _run_tool_call(self, proc: _Proc, call_id: int, name: str,
                              args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -785,8 +809,9 @@ class Kernel:
         await self._await_ready(holder, "the sandbox namespace process")
         return holder
 
-    async def _fork(self, holder: _Proc) -> KernelProcess:
+    async def _fork(self, holder: _Proc, *, tool_calls: bool = True) -> KernelProcess:
         child = self._new_proc("fork", parent=holder)
+        child.tool_calls_allowed = tool_calls
         try:
             await self._command(holder, {"op": "fork", "token": child.token},
                                 timeout=self.limits.start_timeout_s)

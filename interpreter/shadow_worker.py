@@ -5,11 +5,17 @@ unexecuted blocks of the response so far, the open tail repaired). This process 
 
 * turns the sandbox into shadow mode — code compiled with the lazy-deferring transform, RestrictedPython
   guards that defer or force lazies, ``print`` / ``FINAL`` silent;
-* makes every speculatable tool a *launching* proxy: the call is sent as ``launch`` (at once, or
-  as soon as its lazy arguments resolve) and returns a `Lazy`; other tools return a poisoned
-  lazy (they never run early, and whatever needs their result is abandoned);
-* runs the code statement by statement: a statement that fails or is abandoned poisons the
-  names it assigns and the run goes on with the next one;
+* routes every tool call through one dispatcher, whatever name or object the code reaches the
+  tool by: the installed tool names, and also the tool proxies the forked namespace still holds
+  (aliases, default arguments, closures, containers, names rebound in earlier cells) — their
+  tool channel is redirected here, so a shadow never sends a real tool call. The tool's own
+  policy decides: a speculatable call is sent as ``launch`` (at once, or as soon as its lazy
+  arguments resolve) and returns a `Lazy`; any other tool *stops* the shadow at that point
+  (the effect barrier: nothing after an effect, in execution order, is launched early);
+* runs the code statement by statement: a statement that is abandoned (it needed a value that
+  will not arrive) poisons the names it assigns and the run goes on with the next one; a
+  statement that raises an ordinary exception ends its block, as it ends the cell in the real
+  run; ``FINAL`` / ``FINAL_VAR`` end the run after the current block (later blocks never run);
 * reports ``shadow_done``, then stays alive so that pipelined launches still go out when their
   inputs arrive, until the runtime kills it.
 
@@ -25,7 +31,8 @@ import threading
 from typing import Any
 
 from . import sandbox as sandbox_module
-from .lazy import LazyTable, PendingLaunches, lazy_aware_guards, shadow_helpers
+from .arg_limits import check_arguments
+from .lazy import Abandoned, LazyTable, PendingLaunches, lazy_aware_guards, shadow_helpers
 from .protocol import NotPlainDataError, to_plain
 from .shadow_transform import compile_shadow
 
@@ -49,6 +56,11 @@ _SILENT = _SilentPrinter()
 
 def _noop(*args: Any, **kwargs: Any) -> None:
     return None
+
+
+class ShadowStopped(Abandoned):
+    """The shadow reached a point the real run may not have passed yet (an effectful tool, or
+    a launch after the stop): nothing more is launched in this run."""
 
 
 def assigned_names(stmt: ast.stmt) -> set[str]:
@@ -78,6 +90,9 @@ class ShadowRun:
         self._send_lock = threading.Lock()
         self._launch_info: dict[Any, tuple[int | None, list[Any]]] = {}
         self._next_id = 0
+        self.stopped: str | None = None
+        """Why the run stopped launching (an effectful tool reached), or None."""
+        self.final_called = False
 
     # -- messages ------------------------------------------------------------------------------
     def send(self, message: dict[str, Any]) -> None:
@@ -115,68 +130,130 @@ class ShadowRun:
         self._next_id += 1
         return self._next_id
 
-    def _launching_proxy(self, name: str) -> Any:
-        def launch(*args: Any, **kwargs: Any) -> Any:
-            call_id = self._new_id()
-            deps = set(self.table.forced) | self.table.deps((args, kwargs))
-            self._launch_info[call_id] = (_caller_line(), sorted(deps))
-            return self.launches.launch(name, args, kwargs, call_id=call_id)
+    def dispatch(self, name: str, args: tuple, kwargs: dict) -> Any:
+        """Every tool call of the shadow comes here, with the tool's real name."""
+        if self.stopped is not None:
+            raise ShadowStopped(self.stopped)
+        if name not in self.speculatable:
+            self.stopped = f"{name} is not speculatable: the shadow stops before it"
+            raise ShadowStopped(self.stopped)
+        check_arguments(name, args, kwargs)  # too big: the same ToolError as in the real run
+        call_id = self._new_id()
+        deps = set(self.table.forced) | self.table.deps((args, kwargs))
+        self._launch_info[call_id] = (_caller_line(), sorted(deps))
+        return self.launches.launch(name, args, kwargs, call_id=call_id)
 
-        launch.__name__ = launch.__qualname__ = name
-        return launch
+    def _proxy(self, name: str) -> Any:
+        def call_tool(*args: Any, **kwargs: Any) -> Any:
+            return self.dispatch(name, args, kwargs)
 
-    def _poisoned_proxy(self, name: str) -> Any:
+        call_tool.__name__ = call_tool.__qualname__ = name
+        return call_tool
+
+    def _redirect_channel(self, channel: Any) -> None:
+        """The forked namespace's own tool proxies call ``channel``: answer them here."""
+
+        def call(name: str, args: tuple, kwargs: dict) -> Any:
+            return self.dispatch(name, tuple(args), dict(kwargs))
+
         def refuse(*args: Any, **kwargs: Any) -> Any:
-            call_id = self._new_id()
-            lazy = self.table.new_call(call_id)
-            self.table.poison(call_id, f"{name} is not speculatable")
-            return lazy
+            raise ShadowStopped("a shadow never starts a real tool call")
 
-        refuse.__name__ = refuse.__qualname__ = name
-        return refuse
+        channel.call = call
+        channel.start_call = refuse
+        channel.wait = refuse
+
+    def _final(self, *args: Any, **kwargs: Any) -> None:
+        self.final_called = True
 
     def _enter_shadow_mode(self) -> None:
-        builtins = self.sandbox._builtins
-        builtins.update(lazy_aware_guards(builtins))
-        builtins.update(shadow_helpers())
-        builtins.update({
-            "_print_": lambda _getattr=None: _SILENT,
-            "FINAL": _noop, "FINAL_VAR": _noop, "SHOW_VARS": _noop, "help": _noop,
-        })
-        for name in self.sandbox.tool_names():
-            signature = self.sandbox._tools[name][0]
-            proxy = (self._launching_proxy(name) if name in self.speculatable
-                     else self._poisoned_proxy(name))
-            self.sandbox.install_tool(name, signature, proxy)
+        sandbox = self.sandbox
+        guards = lazy_aware_guards({name: sandbox.builtin(name) for name in _GUARD_NAMES
+                                    if _has_builtin(sandbox, name)})
+        for name, value in {**guards, **shadow_helpers()}.items():
+            sandbox.install_builtin(name, value)
+        for name, value in {"_print_": lambda _getattr=None: _SILENT, "FINAL": self._final,
+                            "FINAL_VAR": self._final, "SHOW_VARS": _noop,
+                            "help": _noop}.items():
+            sandbox.install_builtin(name, value)
+        for name in sandbox.tool_names():
+            sandbox.install_builtin(name, self._proxy(name))
+        self._redirect_channel(self.process._channel)
         sandbox_module._current_output = None
-        sandbox_module._active_sandbox = self.sandbox
+        sandbox_module._active_sandbox = sandbox
 
     # -- running ---------------------------------------------------------------------------------
-    def run(self, code: str) -> None:
+    def _compile_blocks(self, statements: list[Any]) -> list[tuple[int, ast.Module, Any]]:
+        """(block, tree, code) of each statement; a block with a statement that does not
+        compile is left out entirely (the real cell would not run any of it)."""
+        compiled: list[tuple[int, ast.Module, Any]] = []
+        broken: set[int] = set()
+        for block, first_line, source in statements:
+            try:
+                tree = ast.parse(str(source))
+            except SyntaxError:
+                broken.add(block)
+                continue
+            ast.increment_lineno(tree, int(first_line) - 1)
+            result = compile_shadow(tree, SHADOW_FILENAME, policy=sandbox_module.SandboxPolicy)
+            if result.code is None:
+                broken.add(block)
+                continue
+            compiled.append((int(block), ast.parse(str(source)), result.code))
+        return [item for item in compiled if item[0] not in broken]
+
+    def run(self, statements: list[Any]) -> None:
+        """Run the statements the runtime sent: ``[block, first line, source]`` each, in order."""
         threading.Thread(target=self._receive_loop, daemon=True).start()
         self._enter_shadow_mode()
         executed = abandoned = 0
-        try:
-            tree = ast.parse(code)
-        except SyntaxError:
-            tree = ast.Module(body=[], type_ignores=[])
         namespace = self.sandbox.namespace
-        for stmt in tree.body:
-            module = ast.Module(body=[stmt], type_ignores=[])
-            result = compile_shadow(module, SHADOW_FILENAME, policy=sandbox_module.SandboxPolicy)
-            if result.code is None:
-                abandoned += 1
+        skip_block: int | None = None
+        final_block: int | None = None
+        faithful = True  # no statement abandoned yet: the state is the real run's
+        for block, tree, code in self._compile_blocks(statements):
+            if final_block is not None and block > final_block:
+                break  # FINAL was called: the real run executes no later block
+            if block == skip_block:
                 continue
             try:
-                exec(result.code, namespace)
+                exec(code, namespace)
                 executed += 1
-            except BaseException:  # Abandoned included: the shadow goes on
+            except Abandoned:
                 abandoned += 1
-                for name in assigned_names(stmt):
-                    namespace.pop(name, None)
+                faithful = False
+                _forget(namespace, tree)
+            except BaseException:  # the real cell stops here too (when the state is faithful)
+                abandoned += 1
+                _forget(namespace, tree)
+                if faithful:
+                    skip_block = block
+            if self.final_called and final_block is None:
+                final_block = block
+            if self.stopped is not None:
+                break
         self.send({"op": "shadow_done", "executed": executed, "abandoned": abandoned,
-                   "pending": self.launches.pending_count()})
+                   "pending": self.launches.pending_count(), "stopped": self.stopped})
         threading.Event().wait()  # keep serving pipelined launches until killed
+
+
+def _forget(namespace: dict[str, Any], tree: ast.Module) -> None:
+    """Unbind what a failed or abandoned statement may have bound."""
+    for stmt in tree.body:
+        for name in assigned_names(stmt):
+            namespace.pop(name, None)
+
+
+_GUARD_NAMES = ("_getattr_", "_getitem_", "_inplacevar_", "_write_", "_getiter_",
+                "_iter_unpack_sequence_", "_unpack_sequence_")
+
+
+def _has_builtin(sandbox: Any, name: str) -> bool:
+    try:
+        sandbox.builtin(name)
+    except KeyError:
+        return False
+    return True
 
 
 def _caller_line() -> int | None:
@@ -191,4 +268,5 @@ def _caller_line() -> int | None:
 
 def run_shadow(process: Any, message: dict[str, Any]) -> None:
     """Entry point from the worker's ``shadow`` command; never returns."""
-    ShadowRun(process, message).run(str(message.get("code", "")))
+    statements = message.get("statements")
+    ShadowRun(process, message).run(statements if isinstance(statements, list) else [])

@@ -38,6 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
+from .arg_limits import check_arguments
 from .protocol import (
     TOKEN_ENV,
     FramedSocket,
@@ -75,6 +76,7 @@ class ToolChannel:
 
     def start_call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
         """Send a tool call without waiting; returns its call id (see :meth:`wait`)."""
+        check_arguments(name, args, kwargs)
         try:
             plain_args, plain_kwargs = to_plain(tuple(args)), to_plain(dict(kwargs))
         except NotPlainDataError as exc:

@@ -7,7 +7,7 @@ import time
 import anyio
 import pytest
 
-from agentrt.interpreter.ledger import Ledger, SpeculationBudget
+from agentrt.ledger import Ledger, SpeculationBudget
 
 
 class Recorder:

@@ -50,6 +50,7 @@ class World:
     def __init__(self, latency: float = 0.01) -> None:
         self.latency = latency
         self.effects: list[tuple[int, bool]] = []
+        self.balance = 0
         self.invocations: dict[str, int] = {}
         self.running = 0
         self.peak = 0
@@ -107,7 +108,21 @@ class World:
             await anyio.sleep(world.latency)
             return len(world.effects)
 
-        return [f, g, boom, slow, record]
+        @tool
+        async def put(x: int) -> int:
+            """An effectful write to shared state."""
+            world.balance += x
+            world.effects.append((1000 + x, world.execs_open > 0))
+            await anyio.sleep(world.latency)
+            return world.balance
+
+        @tool(speculate=True)
+        async def peek() -> int:
+            """A read of the shared state ``put`` writes."""
+            await world.work("peek", world.latency)
+            return world.balance
+
+        return [f, g, boom, slow, record, put, peek]
 
 
 def fence(code: str) -> str:
@@ -139,6 +154,7 @@ def assert_equivalent(seq, spec) -> None:
     s = r2.stats
     assert s.launched == s.hits + s.wasted + s.retracted, s
     assert w2.invocations.get("record", 0) == w1.invocations.get("record", 0)
+    assert s.shadow_tool_calls_refused == 0
 
 
 # -- property: random programs, random streaming ------------------------------------------------
@@ -168,7 +184,8 @@ def statement(draw):
     n = draw(st.integers(0, 4))
     kind = draw(st.sampled_from([
         "assign", "for", "while", "if", "try", "def", "break", "continue", "comp", "effect",
-        "print", "string", "raise",
+        "print", "string", "raise", "alias", "default_arg", "rebind", "raise_now", "final",
+        "write_read", "read_write",
     ]))
     return {
         "assign": f"{t} = {e}",
@@ -184,18 +201,31 @@ def statement(draw):
         "print": f"print('{t}=', {t}, g(str({v})))",
         "string": f"{t} = len(g(f'{{{v}}}-{{f({v})}}'))",
         "raise": f"if {v} > 90:\n    raise ValueError('too big')",
+        # effectful tools reached by another name: an alias and a default argument bound in the
+        # first turn, the speculatable name ``f`` rebound to the effectful tool
+        "alias": f"{t} = rec({v}) + f({t})",
+        "default_arg": f"{t} = via_default({v}) + f({n})",
+        "rebind": f"f = record\n{t} = f({v})",
+        "raise_now": f"{t} = f({v})\nraise ValueError('halt')\nrec({n})\n{t} = f({n})",
+        "final": f"FINAL({t})\nrec({n})",
+        # reads and writes of shared state
+        "write_read": f"put({n})\n{t} = peek() + f({v})",
+        "read_write": f"{t} = peek()\nput({v} % 5)\n{t} += peek()",
     }[kind]
 
 
 @st.composite
 def program(draw):
-    init = "a = context[1]\nb = context[2]\nc = 0"
+    init = ("a = context[1]\nb = context[2]\nc = 0\nrec = record\n"
+            "def via_default(x, cb=record):\n    return cb(x)")
     stmts = draw(st.lists(statement(), min_size=2, max_size=7))
     split = draw(st.integers(0, len(stmts)))
     first, second = stmts[:split], stmts[split:]
     responses = ["Plan.\n" + fence(init + "\n" + "\n".join(first))]
     if second:
-        responses.append(fence("\n".join(second)))
+        cut = draw(st.integers(0, len(second)))  # two blocks in one response when 0 < cut
+        blocks = [b for b in (second[:cut], second[cut:]) if b]
+        responses.append("\n".join(fence("\n".join(b)) for b in blocks))
     responses.append(fence("FINAL([a, b, c])"))
     return responses
 
@@ -208,8 +238,8 @@ def test_equivalence_property(responses, seed):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1800)
-@settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
+@pytest.mark.timeout(14400)
+@settings(max_examples=2000, deadline=None, suppress_health_check=list(HealthCheck))
 @given(program(), st.integers(0, 10_000))
 def test_equivalence_property_long(responses, seed):
     seq, spec = run_both(responses, seed)

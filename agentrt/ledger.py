@@ -152,10 +152,13 @@ class Ledger:
 
     # -- claiming and ending -------------------------------------------------------------
 
-    def claim(self, key: str) -> EarlyCall | None:
-        """The oldest live, unclaimed early call with ``key``, now claimed; ``None`` on a miss."""
+    def claim(self, key: str, accept: Callable[[EarlyCall], bool] | None = None
+              ) -> EarlyCall | None:
+        """The oldest live, unclaimed early call with ``key`` (and for which ``accept`` is true),
+        now claimed; ``None`` on a miss."""
         for call in self.calls:
-            if call.key == key and not call.claimed and call.state != "cancelled":
+            if call.key == key and not call.claimed and call.state != "cancelled" \
+                    and (accept is None or accept(call)):
                 call.claimed_s = self._clock()
                 if call in self._queue:  # claimed before it could start: start it now
                     self._start_now(call)

@@ -1,0 +1,32 @@
+"""One helper for running a tool with its trace events and its count."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from agentrt.tools import ToolRegistry
+
+from .results import RunStats
+from .trace import Trace
+
+
+async def traced_call(registry: ToolRegistry, trace: Trace, stats: RunStats, name: str,
+                      args: Sequence[Any], kwargs: Mapping[str, Any], *, call_id: int,
+                      mode: str, **where: Any) -> Any:
+    """Run tool ``name``; emit ``tool_started`` / ``tool_finished`` and count the invocation.
+
+    ``mode`` is ``"sync"`` (the authoritative run) or ``"early"`` (a speculative launch);
+    ``where`` adds fields to ``tool_started`` (turn, block, lineno). The tool's exception, if
+    any, is re-raised after ``tool_finished`` records it.
+    """
+    stats.tool_calls[name] += 1
+    trace.emit("tool_started", call_id=call_id, tool=name, mode=mode, **where)
+    try:
+        result = await registry.call(name, args, kwargs)
+    except BaseException as exc:
+        trace.emit("tool_finished", call_id=call_id, tool=name, mode=mode,
+                   error=f"{type(exc).__name__}: {exc}")
+        raise
+    trace.emit("tool_finished", call_id=call_id, tool=name, mode=mode, error=None)
+    return result

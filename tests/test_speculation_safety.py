@@ -1,0 +1,330 @@
+"""Speculation keeps its promises against hostile model code.
+
+Each test runs the real runtime twice on the same scripted model (speculation off, then on) and
+compares what a user would see: the answers, the printed output and the log of effects. The
+programs reach effectful tools the way a model could (aliases, default arguments, rebinding
+across turns, code after ``raise`` or after ``FINAL``), mix reads and writes of shared state,
+write loops whose update has not streamed yet, and pass huge arguments.
+"""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from agentrt import Agent, ReplayEngine, tool
+
+
+class Bank:
+    """Shared state behind the tools, with a log of every effect and invocation counts."""
+
+    def __init__(self, latency: float = 0.02) -> None:
+        self.latency = latency
+        self.balance = 0
+        self.effects: list[str] = []
+        self.invocations: dict[str, int] = {}
+
+    def _count(self, name: str) -> None:
+        self.invocations[name] = self.invocations.get(name, 0) + 1
+
+    def tools(self):
+        bank = self
+
+        @tool
+        async def record_effect(tag: str) -> int:
+            """Effectful: appends ``tag`` to the log."""
+            bank._count("record_effect")
+            bank.effects.append(tag)
+            await anyio.sleep(bank.latency)
+            return len(bank.effects)
+
+        @tool
+        async def deposit(amount: int) -> int:
+            """Effectful: adds to the balance."""
+            bank._count("deposit")
+            bank.effects.append(f"deposit {amount}")
+            bank.balance += amount
+            await anyio.sleep(bank.latency)
+            return bank.balance
+
+        @tool(speculate=True)
+        async def get_balance() -> int:
+            """Read-only: the balance now."""
+            bank._count("get_balance")
+            value = bank.balance
+            await anyio.sleep(bank.latency)
+            return value
+
+        @tool(speculate=True)
+        async def lookup(x: int) -> int:
+            """Pure."""
+            bank._count("lookup")
+            await anyio.sleep(bank.latency)
+            return (x * 7 + 3) % 101
+
+        @tool(speculate=True)
+        async def check(x: int) -> bool:
+            """Pure: true from 2 on."""
+            bank._count("check")
+            await anyio.sleep(bank.latency)
+            return x >= 2
+
+        @tool(speculate=True)
+        async def measure(text: str) -> int:
+            """Pure: the size of its argument."""
+            bank._count("measure")
+            return len(text)
+
+        return [record_effect, deposit, get_balance, lookup, check, measure]
+
+
+def fence(code: str) -> str:
+    return f"```repl\n{code.strip()}\n```"
+
+
+def run_both(responses: list[str], tps: float = 40.0, latency: float = 0.02):
+    out = []
+    for speculation in (False, True):
+        bank = Bank(latency)
+        agent = Agent(ReplayEngine(responses, tps), tools=bank.tools(), speculation=speculation,
+                      builtin_tools=False, max_turns=len(responses), capture_namespace=True)
+        out.append((agent.run_sync("task"), bank))
+    return out
+
+
+def assert_same(seq, spec) -> None:
+    (r1, b1), (r2, b2) = seq, spec
+    assert r1.status == r2.status
+    assert repr(r1.answer) == repr(r2.answer)
+    assert [(t.output, t.error) for t in r1.turns] == [(t.output, t.error) for t in r2.turns]
+    assert b1.effects == b2.effects
+    for name in ("record_effect", "deposit"):
+        assert b1.invocations.get(name, 0) == b2.invocations.get(name, 0), name
+    s = r2.stats
+    assert s.launched == s.hits + s.wasted + s.retracted, s
+    assert s.shadow_tool_calls_refused == 0, s
+
+
+# -- effectful tools reached by another name -------------------------------------------------
+
+def test_alias_from_an_earlier_turn_never_runs_early():
+    responses = [
+        fence("e = record_effect\nprint('ready')"),
+        fence("n = lookup(1)\ne('alias')\nm = lookup(2)\ne('alias2')\nFINAL([n, m])"),
+    ]
+    seq, spec = run_both(responses)
+    assert_same(seq, spec)
+    assert seq[1].effects == ["alias", "alias2"]
+
+
+def test_default_argument_never_runs_early():
+    responses = [
+        fence("def g(cb=record_effect):\n    return cb('default')\nprint('defined')"),
+        fence("x = lookup(3)\ny = g()\nz = g()\nFINAL([x, y, z])"),
+    ]
+    seq, spec = run_both(responses)
+    assert_same(seq, spec)
+
+
+def test_container_and_closure_never_run_early():
+    responses = [
+        fence("box = {'act': record_effect}\n"
+              "def make():\n    act = box['act']\n    def inner(t):\n        return act(t)\n"
+              "    return inner\nh = make()\nprint('ok')"),
+        fence("a = lookup(1)\nbox['act']('from dict')\nh('from closure')\nFINAL(a)"),
+    ]
+    seq, spec = run_both(responses)
+    assert_same(seq, spec)
+
+
+def test_speculatable_name_rebound_to_an_effect_in_an_earlier_turn():
+    responses = [
+        fence("lookup = record_effect\nprint('rebound')"),
+        fence("v = lookup('rebound call')\nw = lookup('again')\nFINAL([v, w])"),
+    ]
+    seq, spec = run_both(responses)
+    assert_same(seq, spec)
+    assert seq[1].effects == ["rebound call", "again"]
+
+
+def test_code_after_raise_never_runs_early():
+    responses = [
+        fence("e = record_effect\nprint('ready')"),
+        fence("x = lookup(1)\nraise ValueError('stop here')\ne('after raise')\ny = lookup(2)"),
+        fence("FINAL(x)"),
+    ]
+    seq, spec = run_both(responses)
+    assert_same(seq, spec)
+    assert seq[1].effects == []
+
+
+def test_blocks_after_final_never_run_early():
+    responses = [
+        fence("e = record_effect\nprint('ready')"),
+        fence("x = lookup(1)\nFINAL(x)") + "\n" + fence("e('after final')\ny = lookup(9)"),
+    ]
+    seq, spec = run_both(responses)
+    assert_same(seq, spec)
+    assert seq[1].effects == []
+
+
+# -- reads never overtake writes -------------------------------------------------------------
+
+def test_read_after_write_in_one_block():
+    responses = [fence("deposit(100)\nb = get_balance()\nFINAL(b)")]
+    seq, spec = run_both(responses)
+    assert_same(seq, spec)
+    assert spec[0].answer == 100
+
+
+def test_reads_and_writes_interleaved_in_a_loop():
+    code = ("seen = []\nfor i in range(3):\n    seen.append(get_balance())\n    deposit(10)\n"
+            "seen.append(get_balance())\nFINAL(seen)")
+    seq, spec = run_both([fence(code)], tps=25)
+    assert_same(seq, spec)
+    assert spec[0].answer == [0, 10, 20, 30]
+
+
+def test_read_before_write_still_speculated():
+    responses = [fence("b = get_balance()\nc = lookup(4)\ndeposit(5)\nFINAL([b, c])")]
+    seq, spec = run_both(responses)
+    assert_same(seq, spec)
+    assert spec[0].answer == [0, lookup_value(4)]
+    assert spec[0].stats.hits >= 1
+
+
+def lookup_value(x: int) -> int:
+    return (x * 7 + 3) % 101
+
+
+# -- bounded waste -------------------------------------------------------------------------
+
+def test_unfinished_while_loop_launches_at_most_twice_the_calls():
+    code = "i = 0\nwhile i < 5:\n    r = lookup(i)\n    i += 1\nFINAL(r)"
+    seq, spec = run_both([fence(code)], tps=8)
+    assert_same(seq, spec)
+    stats = spec[0].stats
+    assert stats.launched <= 2 * 5, stats
+    assert spec[1].invocations["lookup"] <= 2 * 5
+
+
+def test_data_dependent_break_leaves_few_unused_early_calls():
+    code = ("found = None\nfor i in range(20):\n    if check(i):\n        found = i\n"
+            "        break\nFINAL(found)")
+    seq, spec = run_both([fence(code)], tps=12, latency=0.002)
+    assert_same(seq, spec)
+    stats = spec[0].stats
+    assert stats.launched - stats.hits <= 10, stats
+
+
+def test_fully_parallel_loop_is_still_launched_ahead():
+    code = "out = []\nfor i in range(12):\n    out.append(lookup(i))\nFINAL(out)"
+    seq, spec = run_both([fence(code)], tps=30, latency=0.3)
+    assert_same(seq, spec)
+    assert spec[0].stats.hits == 12
+    assert spec[0].wall_s < seq[0].wall_s * 0.6
+
+
+def test_waste_counts_do_not_depend_on_timing():
+    code = ("found = None\nfor i in range(8):\n    if check(i):\n        found = i\n"
+            "        break\nFINAL(found)")
+    counts = set()
+    for _ in range(3):
+        _, (spec, _bank) = run_both([fence(code)], tps=30)
+        counts.add((spec.stats.launched, spec.stats.hits, spec.stats.wasted,
+                    spec.stats.retracted))
+    # however many were launched, an unused call is classified by what the program did with its
+    # key (check(3)... are never called: retracted), not by which event won a race
+    for launched, hits, wasted, retracted in counts:
+        assert wasted == 0, counts
+        assert retracted == launched - hits, counts
+
+
+# -- argument size ---------------------------------------------------------------------------
+
+def _peak_rss_mb() -> float:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmHWM")
+
+
+def _reset_peak_rss() -> None:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+@pytest.mark.parametrize("speculation", [False, True])
+def test_huge_arguments_get_a_clear_error_and_memory_stays_flat(speculation):
+    code = ("s = 'x' * 60_000_000\nerrors = []\nfor _ in range(40):\n    try:\n"
+            "        measure(s)\n    except Exception as e:\n"
+            "        errors.append(repr(e))\n"
+            "big = 'y' * 1_000_000\ntry:\n    measure([big] * 1000)\nexcept Exception as e:\n"
+            "    errors.append(repr(e))\n"
+            "print(len(errors), errors[0][:200])\nprint(errors[-1][:200])\nFINAL(len(errors))")
+    bank = Bank()
+    agent = Agent(ReplayEngine([fence(code)], 200), tools=bank.tools(), speculation=speculation,
+                  builtin_tools=False, max_turns=1)
+    _reset_peak_rss()
+    before = _peak_rss_mb()
+    result = agent.run_sync("task")
+    growth = _peak_rss_mb() - before
+    assert result.answer == 41, result.turns[0].output
+    output = result.turns[0].output
+    assert "ToolError" in output and "bytes" in output
+    assert bank.invocations.get("measure", 0) == 0
+    assert growth <= 200, f"runtime RSS grew by {growth:.0f} MB"
+
+
+# -- defence in depth: the kernel refuses real tool calls from shadow forks ----------------------
+
+def test_kernel_refuses_tool_calls_from_a_shadow_fork():
+    from agentrt.interpreter.kernel import Kernel
+
+    calls: list[str] = []
+
+    async def handler(name, args, kwargs):
+        calls.append(name)
+        return 1
+
+    async def main():
+        async with Kernel(handler, {"act": "act(x)"}) as kernel:
+            await kernel.execute("keep = act")  # a tool proxy bound in the namespace
+            refused: list[dict] = []
+            kernel.on_message = lambda token, message: refused.append(message)
+            shadow = await kernel.fork_holder(shadow=True)
+            result = await shadow.execute("keep(1)")  # in place, bypassing any shadow logic
+            plain = await kernel.fork_holder()
+            ok = await plain.execute("r = keep(2)")
+            for handle in (shadow, plain):
+                await handle.kill()
+            return result, ok, kernel.refused_tool_calls, refused
+
+    result, ok, count, refused = anyio.run(main)
+    assert result.error_type == "PermissionError" and "shadow" in result.error
+    assert ok.error is None
+    assert calls == ["act"]  # only the ordinary fork's call ran
+    assert count == 1 and refused == [{"op": "refused_call", "name": "act"}]
+
+
+# -- argument limits, directly ---------------------------------------------------------------
+
+def test_argument_limits_count_shared_references_and_depth():
+    from agentrt.interpreter.arg_limits import check_arguments
+    from agentrt.interpreter.sandbox import ToolError
+
+    one_mb = "z" * 1_000_000
+    assert check_arguments("t", (one_mb,), {}) >= 1_000_000
+    with pytest.raises(ToolError, match="16,000,000 bytes"):
+        check_arguments("t", ([one_mb] * 1000,), {})
+    with pytest.raises(ToolError, match="limit of 3 levels"):
+        check_arguments("t", ([[[["deep"]]]],), {}, max_depth=3)
+    nested: list = []
+    nested.append(nested)  # a cycle is refused by depth, not looped over
+    with pytest.raises(ToolError, match="levels"):
+        check_arguments("t", (nested,), {})
+    assert check_arguments("t", (), {"k": [1, 2, 3]}) < 100
