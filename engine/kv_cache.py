@@ -41,8 +41,9 @@ class KVPool:
         self.block_size = block_size
         self.num_blocks = num_blocks
         shape = (num_blocks, kv_heads, block_size, head_dim)
-        self.caches = [(torch.zeros(shape, dtype=dtype, device=device),
-                        torch.zeros(shape, dtype=dtype, device=device)) for _ in range(num_layers)]
+        # never read before written: pages are only committed as blocks come into use
+        self.caches = [(torch.empty(shape, dtype=dtype, device=device),
+                        torch.empty(shape, dtype=dtype, device=device)) for _ in range(num_layers)]
         self._ref = [0] * num_blocks
         self._free: list[int] = list(range(num_blocks - 1, -1, -1))
         self._unused: OrderedDict[int, None] = OrderedDict()  # registered, ref 0: LRU first
