@@ -617,6 +617,8 @@ def forward_batch(model: "Transformer", tokens: Tensor, seqs: list[SeqRows], poo
             x = _paged_layer_torch(model, layer, x, seqs, w, k, v)
     if logit_rows is not None:
         x = x[logit_rows]
+    if x.shape[0] == 0:
+        return torch.empty(0, model.vocab_size)
     if ops is not None:
         x = ops.rms_norm(x.contiguous(), model.final_norm, model.cfg.rms_norm_eps)
         return _rows_linear(model, x, model.lm_head, model.packed_head).float()
