@@ -289,8 +289,11 @@ class NativeEngine(BaseEngine):
             the last partial one).
         max_batch_tokens: the most token rows one step runs (decode rows, drafts, prefill chunks).
         max_num_seqs: the most requests decoding at once; more wait.
-        background_prefill_tokens: while a more urgent request (lower ``priority``) is
-            decoding, less urgent prompts prefill at most this many tokens per step in all.
+        priority_share: while a more urgent request (lower ``priority``) is decoding, less urgent
+            ones take part only in some steps, so that the urgent stream keeps at least this
+            share of the decode rate it has alone (see docs/engine.md, "Priority").
+        background_prefill_tokens: the most prompt tokens less urgent requests prefill in one
+            of those shared steps (bounds the pause they cause in the urgent stream).
     """
 
     name = "native"
@@ -315,7 +318,8 @@ class NativeEngine(BaseEngine):
         block_size: int = DEFAULT_BLOCK_SIZE,
         max_batch_tokens: int = 512,
         max_num_seqs: int = 64,
-        background_prefill_tokens: int = 32,
+        priority_share: float = 0.7,
+        background_prefill_tokens: int = 64,
     ):
         if not 0.0 < acceptance_threshold <= 1.0:
             raise ValueError(f"acceptance_threshold must be in (0, 1], got {acceptance_threshold}")
@@ -330,6 +334,8 @@ class NativeEngine(BaseEngine):
                             ("background_prefill_tokens", background_prefill_tokens)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if not 0.0 < priority_share <= 1.0:
+            raise ValueError(f"priority_share must be in (0, 1], got {priority_share}")
         if threads:
             torch.set_num_threads(threads)
         self.threads = threads
@@ -349,6 +355,9 @@ class NativeEngine(BaseEngine):
         self.max_batch_tokens = max(max_batch_tokens, self.max_k + 1)
         self.max_num_seqs = max_num_seqs
         self.background_prefill_tokens = background_prefill_tokens
+        self.priority_share = priority_share
+        self._credit = 0.0  # seconds less urgent requests may still slow the urgent stream by
+        self._urgent_alone_s = 0.0  # recent duration of a step of urgent requests only
         cfg = self.model.cfg
         per_token = KVPool.bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim,
                                            self.model.compute_dtype)
@@ -723,6 +732,11 @@ class NativeEngine(BaseEngine):
         policy = self._policy_for()  # measures step costs on first use, outside the timings
         t0 = time.perf_counter()
         order = sorted(self._running, key=lambda s: s.order)
+        urgent = min((s.priority for s in order if s.decoding), default=None)
+        throttled = urgent is not None and any(s.priority > urgent for s in order)
+        shared = throttled and self._credit >= 0
+        if throttled and not shared:
+            order = [s for s in order if s.priority <= urgent]
         decoding = [s for s in order if s.decoding]
         plans = self._draft(decoding, len(decoding), policy)
         t1 = time.perf_counter()
@@ -739,14 +753,13 @@ class NativeEngine(BaseEngine):
                 continue
             entries.append((seq, rows, drafted[:rows - 1], draft, True))
             used += rows
-        urgent = min((e[0].order for e in entries), default=None)
         background = 0
         for seq in order:
             if seq.decoding or seq not in self._running:
                 continue
             chunk = min(len(seq.tokens) - seq.computed, self.prefill_chunk,
                         self.max_batch_tokens - used)
-            if urgent is not None and seq.priority > urgent[0]:
+            if throttled and seq.priority > urgent:
                 chunk = min(chunk, self.background_prefill_tokens - background)
                 background += max(chunk, 0)
             if chunk <= 0:
@@ -772,6 +785,7 @@ class NativeEngine(BaseEngine):
         forward_s = t2 - t1
         if policy is not None:
             policy.costs.observe(row, forward_s)
+        self._account_priority(throttled, shared, t2 - t0)
         with self._metrics_lock:
             b = self._batch
             b.steps += 1
@@ -794,6 +808,20 @@ class NativeEngine(BaseEngine):
             seq_logits = logits[at:at + sampled][None]
             at += sampled
             self._advance(seq, n, drafted, draft, decode, seq_logits, policy, t1 - t0, forward_s)
+
+    def _account_priority(self, throttled: bool, shared: bool, seconds: float) -> None:
+        """Keep the credit of less urgent requests: a step of urgent requests only earns what
+        the urgent stream may lose (``seconds / share - seconds``); a shared step spends what it
+        took beyond an urgent-only step. Shared steps run while the credit is not negative, so
+        over the urgent stream's life its steps take at most ``1 / share`` of their time alone."""
+        if not throttled:
+            self._credit = 0.0
+        elif shared:
+            self._credit += self._urgent_alone_s / self.priority_share - seconds
+        else:
+            self._urgent_alone_s = (seconds if self._urgent_alone_s == 0.0
+                                    else 0.8 * self._urgent_alone_s + 0.2 * seconds)
+            self._credit += seconds / self.priority_share - seconds
 
     def _advance(self, seq: RequestState, n: int, drafted: list[int], draft: Draft | None,
                  decode: bool, logits: torch.Tensor, policy: AdaptiveK | None, draft_s: float,
