@@ -42,7 +42,7 @@ from .kv_cache import DEFAULT_BLOCK_SIZE, KVPool
 from .llama import SeqRows, Transformer
 from .metrics import BatchMetrics, SpecMetrics
 from .models import resolve
-from .proposers.base import Draft, Proposer
+from .proposers.base import Draft, DraftSampling, Proposer
 from .proposers.draft import DraftModelProposer
 from .proposers.ngram import NgramProposer
 from .proposers.suffix import SuffixProposer
@@ -538,10 +538,7 @@ class NativeEngine(BaseEngine):
             return None
         if self._policy is None:
             costs = StepCosts.measure(self.model, max(self.max_k + 1, 32))
-            draft_cost = 0.0
-            if isinstance(self.proposer, DraftModelProposer):
-                draft_cost = StepCosts.measure(self.proposer.model, 1)(1)
-            self._policy = AdaptiveK(costs, self.max_k, draft_cost)
+            self._policy = AdaptiveK(costs, self.max_k, self.proposer.draft_cost())
         return self._policy
 
     # ------------------------------------------------------------------------ scheduling
@@ -616,12 +613,8 @@ class NativeEngine(BaseEngine):
         if seq.state is None and self.proposer is not None:
             prompt = seq.tokens[:seq.prompt_len]
             params = seq.params
-            if isinstance(self.proposer, DraftModelProposer):
-                seq.state = self.proposer.begin(prompt, temperature=params.temperature,
-                                                top_k=params.top_k, top_p=params.top_p,
-                                                generator=seq.uniforms.draft_generator)
-            else:
-                seq.state = self.proposer.begin(prompt)
+            seq.state = self.proposer.begin(prompt, DraftSampling(
+                params.temperature, params.top_k, params.top_p, seq.uniforms.draft_generator))
             if seq.produced:
                 seq.state.extend(seq.tokens[seq.prompt_len:])
         with self._metrics_lock:
@@ -706,7 +699,7 @@ class NativeEngine(BaseEngine):
             elif policy is None:
                 draft = seq.state.propose(min(self.fixed_k, room))
                 plans[seq] = (draft.tokens[:min(self.fixed_k, room)], draft)
-            elif isinstance(self.proposer, DraftModelProposer):
+            elif not self.proposer.lookup:
                 k = policy.choose(room)  # model drafts cost a forward per token: choose k first
                 draft = seq.state.propose(k) if k > 0 else draft
                 plans[seq] = (draft.tokens[:k], draft)
