@@ -598,7 +598,7 @@ def forward_batch(model: "Transformer", tokens: Tensor, seqs: list[SeqRows], poo
             raise ValueError(f"rows up to position {s.start + s.n} exceed max_seq_len or the "
                              f"sequence's {s.blocks.numel()} blocks")
     x = F.embedding(tokens, model.embed).to(model.compute_dtype)
-    ops = model.ops if model.matmul.ops is not None else None
+    ops = model.ops  # float32 activations on CPU: the C helpers (matmuls too for bf16 weights)
     if ops is not None:
         x = x.contiguous()
         rows, row0 = [], 0
@@ -606,7 +606,7 @@ def forward_batch(model: "Transformer", tokens: Tensor, seqs: list[SeqRows], poo
             rows.append((row0, s.n, s.start, s.blocks))
             row0 += s.n
         table = ops.seq_table(rows)
-        if model.fused_layers:
+        if model.fused_layers and model.matmul.ops is not None:
             ops.decode_layers_paged(x, table, model._pool_plan(pool), model.layer_shape(),
                                     pool.block_size, model.rope_pairs, model.matmul.packed_max_rows)
         else:
@@ -632,6 +632,8 @@ def _rows_linear(model: "Transformer", x: Tensor, w: Tensor, packed: PackedMatri
     C): GGUF blocks for up to ``packed_max_rows`` rows, else the bf16 kernel, whatever the
     number of rows (no float32 GEMM, whose row results may depend on the batch)."""
     ops = model.matmul.ops
+    if ops is None:  # float32 weights: torch's matmul
+        return model.matmul(x, w, residual=residual)
     if packed is not None and x.shape[0] <= model.matmul.packed_max_rows:
         return ops.packed_linear(x, packed, True, residual)
     return ops.linear(x, w, residual)
@@ -647,6 +649,7 @@ def _paged_layer_ops(model: "Transformer", x: Tensor, table, w: dict, k_pool: Te
     qkv = _rows_linear(model, ops.rms_norm(x, w["attn_norm"], eps), w["wqkv"], p.get("wqkv"))
     if w["bqkv"] is not None:
         qkv = qkv + w["bqkv"]
+    qkv = qkv.contiguous()
     ops.rope_store_paged(qkv, model.rope_pairs, table, h, kvh, hd, k_pool, v_pool)
     attn = ops.attend_paged(qkv, k_pool, v_pool, table, h, kvh, hd)
     mid = _rows_linear(model, attn, w["wo"], p.get("wo"), residual=x)

@@ -1,12 +1,15 @@
-"""The native engine: a torch decode loop over `llama.Transformer` with speculative decoding.
+"""The native engine: continuous batching over `llama.Transformer` with speculative decoding.
 
-One model, one request at a time: requests queue up for a single worker thread that owns the
-model, its KV cache and the drafter, so concurrent streams never touch each other's state. Each
-stream is fed from that thread through an asyncio queue; a consumer that stops iterating (or is
-cancelled) flags its request, and the worker drops it at the next step.
+One worker thread owns the model, the paged KV cache (`kv_cache.KVPool`) and the drafter, and
+runs every live request in one forward per step (`Transformer.forward_batch`): each decoding
+request feeds its last token plus its draft, each request still reading its prompt feeds a chunk
+of it, all stacked as rows of one batch with their own positions and block tables. New requests
+join at the next step; finished or cancelled ones leave at once. Requests wait while their blocks
+do not fit the budget (less urgent running ones are preempted for more urgent ones); prompts
+reuse cached blocks of earlier requests with the same prefix. Each stream is fed from that thread
+through an asyncio queue.
 
-A decode step drafts up to k tokens (n-gram / suffix / draft model), runs the target once over
-``[last token, *draft]`` and keeps the accepted prefix plus one target token:
+Verification, per request, of ``[last token, *draft]``:
 
 * temperature 0: `greedy_verify` (accept while the draft equals the target argmax);
 * temperature > 0, deterministic drafts (n-gram, suffix): the target samples every position from
@@ -17,8 +20,9 @@ A decode step drafts up to k tokens (n-gram / suffix / draft model), runs the ta
 * temperature > 0 with draft probabilities (draft model) or ``acceptance_threshold < 1``:
   `stochastic_verify` (rejection sampling; the threshold rule is lossy and reported so).
 
-The KV cache is rolled back by position only. Its contents are remembered as a token list, so a
-request whose prompt extends the previous conversation prefills only the new tokens.
+With the CPU kernels every row's logits depend only on its own request's tokens, so a request's
+output is the same alone or in any batch, with or without speculation, cached prefixes or
+preemption.
 """
 
 from __future__ import annotations
