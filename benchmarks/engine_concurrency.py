@@ -15,7 +15,10 @@ native systems then run three prefix / priority scenarios:
 - *sub-queries*: 16 requests sharing a ~1K-token instruction prefix: tokens prefilled in all,
   wall time, with and without the prefix cache;
 - *root + 8 sub-queries*: a root request's decode rate alone, then with 8 sub-queries
-  (priority 1, the shared 1K prefix) launched once its first token arrived.
+  (priority 1, the shared 1K prefix) launched once its first token arrived;
+- *agent*: an RLM-style task whose ``llm_query`` calls go to the same engine as the root
+  (public `Agent` API, sub-queries at priority 1), sequential vs speculative tools: wall time
+  and answers.
 
 vLLM systems (``vllm``, ``vllm-spec``, in the vLLM virtualenv) take part in the concurrency
 table; the scenarios use native-engine metrics and run on the native systems only.
@@ -251,6 +254,7 @@ def run(args, plan, path, build_system) -> int:
                 scen["multi_turn"] = loop.run_until_complete(multi_turn(factory, args.max_tokens))
                 scen["shared_prefix_16"] = loop.run_until_complete(
                     shared_prefix(factory, min(args.max_tokens, 16)))
+                scen["agent_rlm"] = loop.run_until_complete(agent_run(lambda: factory(True)))
     finally:
         with contextlib.suppress(Exception):
             loop.run_until_complete(loop.shutdown_asyncgens())
@@ -298,6 +302,14 @@ def markdown(results: dict, meta: dict) -> str:
             lines.append(f"- 16 sub-queries, {c['prompt_tokens']} prompt tokens in all: prefilled "
                          f"{c['prefilled_tokens']} in {c['wall_s']:.2f}s; without the prefix cache "
                          f"{n['prefilled_tokens']} in {n['wall_s']:.2f}s (same outputs: {s['same_output']})")
+        a = scen.get("agent_rlm")
+        if a:
+            q, p = a["sequential"], a["speculative"]
+            lines.append(f"- agent (RLM task, `llm_query` on the same engine at priority 1): "
+                         f"sequential tools {q['wall_s']:.2f}s, speculative {p['wall_s']:.2f}s "
+                         f"(**{a['speedup']:.2f}x**), tool calls {q['tool_calls']} / {p['tool_calls']}, "
+                         f"early hits {p['early_hits']}, same answer: {a['same_answer']} "
+                         f"({p['answer'][:80]})")
         lines.append("")
     for system, table in results["levels"].items():
         if system.endswith(":batch"):
@@ -307,3 +319,56 @@ def markdown(results: dict, meta: dict) -> str:
                          f"{table['preemptions']}")
     lines.append("")
     return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------- agent-level run
+
+AGENT_SYSTEM = (
+    "You are a Python agent. Answer with one ```repl code block that uses the list `context` "
+    "and the tool `llm_query(prompt)`, which asks a language model one question and returns its "
+    "reply, and ends with FINAL(answer).")
+AGENT_EXAMPLE = [
+    {"role": "user", "content": "Which reviews in context mention the price?"},
+    {"role": "assistant", "content": (
+        "```repl\nanswers = [llm_query('Does this review mention the price? Answer yes or no. '"
+        " + review) for review in context]\nprint(answers)\nFINAL(answers)\n```")},
+]
+AGENT_TASK = "Which reviews in context are negative?"
+AGENT_CONTEXT = [
+    "Great battery life and a sharp screen, would buy again.",
+    "Stopped working after two days.",
+    "Decent value for the price, although the speakers are quiet and the case feels cheap.",
+    "Fine.",
+    "The keyboard is comfortable and the trackpad is accurate, but it runs hot under load.",
+    "Arrived late and the box was damaged, yet the laptop itself works perfectly well.",
+]
+
+
+async def agent_run(engine_factory) -> dict[str, Any]:
+    """An RLM-style task whose ``llm_query`` calls are served by the same `NativeEngine` as the
+    root (sub-queries at priority 1): tools run when their block is complete, then with the
+    shadow interpreter starting them while the root's reply still streams."""
+    from agentrt import Agent
+    from agentrt.engine import SamplingParams
+
+    out: dict[str, Any] = {}
+    for speculative in (False, True):
+        engine = engine_factory()
+        try:
+            await stream_one(engine, "warm", [{"role": "user", "content": "Hi"}],
+                             SamplingParams(max_tokens=2))
+            agent = Agent(engine, speculation=speculative, max_turns=2, system_prompt=AGENT_SYSTEM,
+                          examples=AGENT_EXAMPLE, sampling=SamplingParams(max_tokens=160),
+                          sub_sampling=SamplingParams(max_tokens=24, priority=1))
+            start = time.perf_counter()
+            result = await agent.run(AGENT_TASK, AGENT_CONTEXT)
+            wall = time.perf_counter() - start
+            out["speculative" if speculative else "sequential"] = {
+                "wall_s": wall, "status": result.status, "answer": repr(result.answer)[:300],
+                "tool_calls": sum(result.stats.tool_calls.values()), "early_hits": result.stats.hits,
+                "mean_batch": engine.batch_metrics().mean_batch}
+        finally:
+            await engine.aclose()
+    out["same_answer"] = out["sequential"]["answer"] == out["speculative"]["answer"]
+    out["speedup"] = out["sequential"]["wall_s"] / out["speculative"]["wall_s"]
+    return out
