@@ -328,10 +328,10 @@ AGENT_SYSTEM = (
     "and the tool `llm_query(prompt)`, which asks a language model one question and returns its "
     "reply, and ends with FINAL(answer).")
 AGENT_EXAMPLE = [
-    {"role": "user", "content": "Which reviews in context mention the price?"},
+    {"role": "user", "content": "Which reviews in context are positive?"},
     {"role": "assistant", "content": (
-        "```repl\nanswers = [llm_query('Does this review mention the price? Answer yes or no. '"
-        " + review) for review in context]\nprint(answers)\nFINAL(answers)\n```")},
+        "```repl\nanswers = [llm_query('Is this review positive? Answer yes or no. ' + review) "
+        "for review in context]\nprint(answers)\nFINAL(answers)\n```")},
 ]
 AGENT_TASK = "Which reviews in context are negative?"
 AGENT_CONTEXT = [
