@@ -550,6 +550,8 @@ class NativeEngine(BaseEngine):
     def _drop_cancelled(self) -> None:
         for seq in [s for s in self._waiting if s.job.cancelled.is_set()]:
             self._waiting.remove(seq)
+            if seq.state is not None:  # preempted after it started
+                seq.state.end()
         for seq in [s for s in self._running if s.job.cancelled.is_set()]:
             self._release(seq)
 
