@@ -5,8 +5,10 @@
 
 For each system, the first max(c) prompts (taken in turn from the sets) first run alone one after
 another (the c=1 row and the reference outputs); then, for each concurrency c > 1, c of them start
-together on one engine. The table gives the aggregate throughput (all output tokens / wall time,
-prefill included), its ratio to one request alone, the mean per-request latency and time to the
+together on one engine. The table gives the aggregate decode throughput (output tokens after each
+request's first / the span from the first request's first token to the last one's last; for c=1
+the sum of the solo decode times) and the aggregate throughput (all output tokens / wall time,
+prefill included), each with its ratio to the same prompts one at a time, the mean per-request latency and time to the
 first token, and how many outputs equal the same prompt's output at concurrency 1 (greedy). The
 native systems then run three prefix / priority scenarios:
 
@@ -48,6 +50,9 @@ class Request:
     ttft_s: float = 0.0
     total_s: float = 0.0
     decode_s: float = 0.0
+    first_at: float = 0.0
+    """perf_counter() of the first output delta (and of the last one, below)."""
+    last_at: float = 0.0
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
     metrics: dict | None = None
@@ -77,6 +82,7 @@ async def stream_one(engine, prompt_id: str, messages: list[dict], params,
     first, last = first or end, last or end
     out.tokens = final.usage.completion_tokens if final is not None and final.usage else len(out.token_ids)
     out.ttft_s, out.total_s, out.decode_s = first - start, end - start, last - first
+    out.first_at, out.last_at = first, last
     if final is not None and final.metrics is not None:
         out.metrics = final.metrics.to_dict()
     return out
@@ -93,11 +99,14 @@ async def run_level(engine, prompts: list[tuple[str, list[dict]]], concurrency: 
     results = await asyncio.gather(*[stream_one(engine, pid, m, params) for pid, m in chosen])
     wall = time.perf_counter() - start
     tokens = sum(r.tokens for r in results)
+    window = max(r.last_at for r in results) - min(r.first_at for r in results)
     return {
         "concurrency": concurrency,
         "wall_s": wall,
         "tokens": tokens,
         "aggregate_tok_s": tokens / wall if wall > 0 else 0.0,
+        "decode_window_s": window,
+        "aggregate_decode_tok_s": sum(max(r.tokens - 1, 0) for r in results) / window if window > 0 else 0.0,
         "mean_latency_s": statistics.mean(r.total_s for r in results),
         "mean_ttft_s": statistics.mean(r.ttft_s for r in results),
         "mean_request_decode_tok_s": statistics.mean(
@@ -114,9 +123,12 @@ async def run_solo(engine, prompts: list[tuple[str, list[dict]]], max_tokens: in
     wall = sum(lv["wall_s"] for lv in levels)
     tokens = sum(lv["tokens"] for lv in levels)
     requests = [r for lv in levels for r in lv["requests"]]
+    window = sum(r["decode_s"] for r in requests)
     return {
         "concurrency": 1, "wall_s": wall, "tokens": tokens,
         "aggregate_tok_s": tokens / wall if wall > 0 else 0.0,
+        "decode_window_s": window,
+        "aggregate_decode_tok_s": sum(max(r["tokens"] - 1, 0) for r in requests) / window if window > 0 else 0.0,
         "mean_latency_s": statistics.mean(r["total_s"] for r in requests),
         "mean_ttft_s": statistics.mean(r["ttft_s"] for r in requests),
         "mean_request_decode_tok_s": statistics.mean(lv["mean_request_decode_tok_s"] for lv in levels),
@@ -227,15 +239,21 @@ def run(args, plan, path, build_system) -> int:
                         run_level(engine, prompts, c, args.max_tokens))
                     if c != 1:
                         table.append(level)
-                    print(f"{system:10s} c={c:2d} {level['aggregate_tok_s']:7.1f} tok/s "
+                    print(f"{system:10s} c={c:2d} {level['aggregate_decode_tok_s']:7.1f} decode tok/s "
                           f"latency {level['mean_latency_s']:6.2f}s", file=sys.stderr)
-                solo = {r["prompt_id"]: r["text"] for r in table[0]["requests"]}
+                solo = {r["prompt_id"]: r for r in table[0]["requests"]}
                 table = [lv for lv in table if lv["concurrency"] in levels]
                 for level in table:
+                    mine = level["requests"]
                     level["same_as_solo"] = (
-                        f"{sum(r['text'] == solo.get(r['prompt_id']) for r in level['requests'])}"
-                        f"/{len(level['requests'])}")
-                    level["x_one"] = level["aggregate_tok_s"] / table[0]["aggregate_tok_s"]
+                        f"{sum(r['text'] == solo[r['prompt_id']]['text'] for r in mine)}/{len(mine)}")
+                    # one request at a time on the same prompts: their tokens over their solo time
+                    alone = [solo[r["prompt_id"]] for r in mine]
+                    alone_rate = sum(a["tokens"] for a in alone) / sum(a["total_s"] for a in alone)
+                    alone_decode = (sum(max(a["tokens"] - 1, 0) for a in alone)
+                                    / sum(a["decode_s"] for a in alone))
+                    level["x_one"] = level["aggregate_tok_s"] / alone_rate
+                    level["decode_x_one"] = level["aggregate_decode_tok_s"] / alone_decode
                 results["levels"][system] = table
                 if system in NATIVE:
                     results["levels"][system + ":batch"] = engine.batch_metrics().to_dict() | {
@@ -272,13 +290,15 @@ def markdown(results: dict, meta: dict) -> str:
     lines = [f"# Engine benchmark under concurrency ({meta['time']})", "",
              f"model `{meta['model']}` {meta['dtype']}, torch threads {meta['threads']}, "
              f"max_tokens {meta['max_tokens']}, greedy; sets {', '.join(meta['sets'])}.", "",
-             "| system | c | aggregate tok/s | x one request | mean latency s | mean TTFT s | "
-             "per-request decode tok/s | same as c=1 |", "|---|---|---|---|---|---|---|---|"]
+             "| system | c | aggregate decode tok/s | x one request | aggregate tok/s (with prefill) "
+             "| x one request | mean latency s | mean TTFT s | per-request decode tok/s | same as c=1 |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for system, table in results["levels"].items():
         if system.endswith(":batch"):
             continue
         for lv in table:
-            lines.append(f"| {system} | {lv['concurrency']} | {lv['aggregate_tok_s']:.1f} | "
+            lines.append(f"| {system} | {lv['concurrency']} | {lv['aggregate_decode_tok_s']:.1f} | "
+                         f"{lv['decode_x_one']:.2f} | {lv['aggregate_tok_s']:.1f} | "
                          f"{lv['x_one']:.2f} | {lv['mean_latency_s']:.2f} | {lv['mean_ttft_s']:.2f} | "
                          f"{lv['mean_request_decode_tok_s']:.1f} | {lv['same_as_solo']} |")
     lines.append("")
