@@ -692,7 +692,7 @@ class NativeEngine(BaseEngine):
             return 0
         return rows
 
-    def _draft(self, decoding: list[RequestState], base_rows: int, policy: AdaptiveK | None
+    def _draft(self, decoding: list[RequestState], policy: AdaptiveK | None
                ) -> dict[RequestState, tuple[list[int], Draft]]:
         """Each decoding sequence's draft for this step (see `plan_draft_lengths`)."""
         plans: dict[RequestState, tuple[list[int], Draft]] = {}
@@ -711,18 +711,29 @@ class NativeEngine(BaseEngine):
                 plans[seq] = (draft.tokens[:k], draft)
             else:  # lookups are cheap: see every match, then choose the k's together
                 lookups.append((seq, seq.state.propose(min(room, self.max_k))))
-        if lookups:
+        # the most urgent requests plan their drafts as if alone (less urgent rows must not
+        # make the urgent stream draft less), the others around what those use
+        urgent = min((seq.priority for seq in decoding), default=0)
+        groups = [[x for x in lookups if x[0].priority == urgent],
+                  [x for x in lookups if x[0].priority != urgent]]
+        first_rows = sum(1 for seq in decoding if seq.priority == urgent)
+        rows = first_rows
+        for group, tokens in zip(groups, (first_rows, len(decoding) - first_rows)):
+            if not group:
+                continue
             chains = []
-            for _, draft in lookups:
+            for _, draft in group:
                 accept, chain, p = policy.accept(AdaptiveK.bucket_of(draft.match_len)), [], 1.0
                 for a in accept[:len(draft.tokens)]:
                     p *= a
                     chain.append(p)
                 chains.append(chain)
-            lengths = plan_draft_lengths(chains, len(decoding), base_rows, policy.costs)
-            for (seq, draft), k in zip(lookups, lengths):
+            base = rows if group is groups[0] else rows + tokens
+            lengths = plan_draft_lengths(chains, max(tokens, 1), base, policy.costs)
+            for (seq, draft), k in zip(group, lengths):
                 k = policy.probe(k, len(draft.tokens), AdaptiveK.bucket_of(draft.match_len))
                 plans[seq] = (draft.tokens[:k], draft)
+                rows += k
         return plans
 
     def _step(self) -> None:
@@ -737,7 +748,7 @@ class NativeEngine(BaseEngine):
         if throttled and not shared:
             order = [s for s in order if s.priority <= urgent]
         decoding = [s for s in order if s.decoding]
-        plans = self._draft(decoding, len(decoding), policy)
+        plans = self._draft(decoding, policy)
         t1 = time.perf_counter()
         entries: list[tuple[RequestState, int, list[int], Draft | None, bool]] = []
         used = 0

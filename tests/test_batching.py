@@ -290,3 +290,14 @@ async def test_urgent_request_preempts_less_urgent_ones():
         assert sum(r.metrics.preemptions for r in rest) + eng.batch_metrics().preemptions > 0
     finally:
         await eng.aclose()
+
+
+async def test_concurrency_benchmark_levels(plain):
+    from benchmarks.engine_concurrency import run_level, run_solo
+
+    prompts = [(f"p{i}", m) for i, m in enumerate(PROMPTS[:3])]
+    solo = await run_solo(plain, prompts, 6)
+    level = await run_level(plain, prompts, 3, 6)
+    assert solo["aggregate_decode_tok_s"] > 0 and level["aggregate_decode_tok_s"] > 0
+    assert [r["text"] for r in level["requests"]] == [r["text"] for r in solo["requests"]]
+    assert level["tokens"] == solo["tokens"] and level["mean_ttft_s"] > 0
