@@ -248,8 +248,8 @@ def _sync(device: str) -> None:
 
 
 def build_system(system: str, plan: Plan, args, path: Path | None,
-                 loop: asyncio.AbstractEventLoop):
-    """Construct the runner for one system name."""
+                 loop: asyncio.AbstractEventLoop, extra: dict[str, Any] | None = None):
+    """Construct the runner for one system name (``extra``: more `NativeEngine` options)."""
     if system.startswith("hf"):
         return HFSystem(path, args.dtype, args.device, 10 if system == "hf-lookup" else None)
     if system in ("plain", "ngram", "suffix", "draft"):
@@ -257,6 +257,7 @@ def build_system(system: str, plan: Plan, args, path: Path | None,
 
         k = args.k if args.k == "auto" else int(args.k)
         options = {} if system == "plain" else {"num_speculative_tokens": k, **plan.native_options}
+        options.update(extra or {})
         engine = NativeEngine(model=str(path), dtype=args.dtype, device=args.device,
                               speculation=None if system == "plain" else system,
                               threads=args.threads, **{"max_seq_len": 4096, **options})
@@ -590,6 +591,9 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, argparse.Arg
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--out", default=str(RESULTS_DIR))
     parser.add_argument("--synthetic", action="store_true", help="forward speed on random weights only")
+    parser.add_argument("--concurrency", default=None,
+                        help="e.g. 1,2,4,8,16: many requests at once per system, plus the prefix "
+                             "and priority scenarios (benchmarks/engine_concurrency.py)")
     return parser.parse_args(argv), parser
 
 
@@ -601,6 +605,8 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     if args.synthetic:
         return synthetic(args)
+    if args.concurrency and not args.systems:
+        args.systems = "plain,suffix" if args.engine == "native" else "plain,vllm,vllm-spec"
     plan = make_plan(args, parser)
     try:
         check_backends(plan)
@@ -616,6 +622,10 @@ def main(argv: list[str] | None = None) -> int:
             path = models.ensure(args.model, args.dtype)
         else:
             path = models.resolve(args.model, args.dtype)
+    if args.concurrency:
+        from . import engine_concurrency
+
+        return engine_concurrency.run(args, plan, path, build_system)
     prompts = load_prompts(plan.sets, args.limit)
 
     loop = asyncio.new_event_loop()

@@ -37,6 +37,9 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     """Generation ends when any of these strings appears; the stop string is not emitted."""
+    priority: int = 0
+    """Scheduling priority where the backend batches requests: lower values are served first
+    (the native engine's policy is in docs/engine.md); backends without one ignore it."""
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:

@@ -44,6 +44,11 @@ class _Layer(ctypes.Structure):
                 ("v_cache", ctypes.c_void_p)]
 
 
+class _Seq(ctypes.Structure):
+    _fields_ = [("row0", ctypes.c_int64), ("n", ctypes.c_int64), ("start", ctypes.c_int64),
+                ("blocks", ctypes.c_void_p)]
+
+
 @dataclass(frozen=True)
 class LayerShape:
     """The sizes `CpuOps.decode_layers` needs (hidden, MLP width, heads, kv heads, head dim)."""
@@ -77,6 +82,13 @@ class CpuOps:
         self._attend = self._fn(lib.attend, [ptr, i64, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, f32, i32])
         self._decode_layers = self._fn(lib.decode_layers, [ptr, i64, i64, ptr, i64, i64, i64, i64, i64,
                                                            i64, i64, ptr, f32, f32, i32, i32])
+        self._rope_store_paged = self._fn(lib.rope_store_paged,
+                                          [ptr, ptr, ptr, i64, i64, i64, i64, ptr, ptr, i64])
+        self._attend_paged = self._fn(lib.attend_paged, [ptr, i64, ptr, ptr, ptr, ptr, i64, i64, i64,
+                                                         i64, i64, f32, i32])
+        self._decode_layers_paged = self._fn(lib.decode_layers_paged,
+                                             [ptr, i64, ptr, i64, ptr, i64, i64, i64, i64, i64, i64,
+                                              i64, ptr, f32, f32, i32, i32])
 
     @staticmethod
     def _fn(fn, argtypes):
@@ -173,6 +185,57 @@ class CpuOps:
                             shape.intermediate, shape.heads, shape.kv_heads, shape.head_dim,
                             cache_len, rope.data_ptr(), shape.eps, 1.0 / math.sqrt(shape.head_dim),
                             packed_max_rows, torch.get_num_threads())
+
+
+    # ------------------------------------------------------- ragged batch, paged KV cache
+
+    @staticmethod
+    def seq_table(seqs: list[tuple[int, int, int, Tensor]]) -> ctypes.Array:
+        """The per-sequence descriptors the paged kernels read: ``(first row, rows, start
+        position, block table)`` each, the table an int32 tensor that must outlive the call."""
+        table = (_Seq * len(seqs))()
+        for entry, (row0, n, start, blocks) in zip(table, seqs):
+            if blocks.dtype != torch.int32 or not blocks.is_contiguous():
+                raise ValueError("block tables must be contiguous int32 tensors")
+            entry.row0, entry.n, entry.start, entry.blocks = row0, n, start, blocks.data_ptr()
+        return table
+
+    def rope_store_paged(self, qkv: Tensor, rope: Tensor, seqs: ctypes.Array, heads: int,
+                         kv_heads: int, head_dim: int, k_pool: Tensor, v_pool: Tensor) -> None:
+        """`rope_store` for a ragged batch: each sequence's rows at its own positions, keys and
+        values stored in the block pools ``[blocks, KV, block_size, D]`` by its block table."""
+        self._rope_store_paged(qkv.data_ptr(), rope.data_ptr(), ctypes.addressof(seqs), len(seqs),
+                               heads, kv_heads, head_dim, k_pool.data_ptr(), v_pool.data_ptr(),
+                               k_pool.shape[2])
+
+    def attend_paged(self, qkv: Tensor, k_pool: Tensor, v_pool: Tensor, seqs: ctypes.Array,
+                     heads: int, kv_heads: int, head_dim: int) -> Tensor:
+        """`attend` for a ragged batch over block pools: every row attends to its own sequence's
+        positions up to its own; a row's result never depends on the rest of the batch."""
+        if head_dim % 32 or heads % kv_heads:
+            raise ValueError(f"attend needs head_dim % 32 == 0 and heads % kv_heads == 0, got "
+                             f"head_dim={head_dim}, heads={heads}, kv_heads={kv_heads}")
+        out = torch.empty(qkv.shape[0], heads * head_dim)
+        self._attend_paged(qkv.data_ptr(), qkv.stride(0), k_pool.data_ptr(), v_pool.data_ptr(),
+                           out.data_ptr(), ctypes.addressof(seqs), len(seqs), heads, kv_heads,
+                           head_dim, k_pool.shape[2], 1.0 / math.sqrt(head_dim),
+                           torch.get_num_threads())
+        return out
+
+    def decode_layers_paged(self, x: Tensor, seqs: ctypes.Array, plan: ctypes.Array,
+                            shape: LayerShape, block_size: int, rope: Tensor,
+                            packed_max_rows: int) -> None:
+        """`decode_layers` for a ragged batch (``plan`` built over block pools): ``x[n, hidden]``
+        holds every sequence's rows, updated in place."""
+        if x.dim() != 2 or not x.is_contiguous() or x.dtype != torch.float32 or x.shape[0] < 1:
+            raise ValueError(f"decode_layers_paged needs contiguous float32 rows, got "
+                             f"{x.dtype} {tuple(x.shape)}")
+        self._decode_layers_paged(x.data_ptr(), x.shape[0], ctypes.addressof(seqs), len(seqs),
+                                  ctypes.addressof(plan), len(plan), shape.hidden,
+                                  shape.intermediate, shape.heads, shape.kv_heads, shape.head_dim,
+                                  block_size, rope.data_ptr(), shape.eps,
+                                  1.0 / math.sqrt(shape.head_dim), packed_max_rows,
+                                  torch.get_num_threads())
 
 
 def _c_source() -> str:

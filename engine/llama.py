@@ -538,6 +538,25 @@ class Transformer(nn.Module):
         logits = self.matmul(x, self.lm_head, packed=self.packed_head if ops is not None else None)
         return logits.view(bsz, keep, -1).float()
 
+    def layer_shape(self) -> LayerShape:
+        cfg = self.cfg
+        return LayerShape(cfg.hidden_size, cfg.intermediate_size, cfg.num_heads,
+                          cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps)
+
+    def forward_batch(self, tokens: Tensor, seqs: list["SeqRows"], pool,
+                      logit_rows: Tensor | None = None) -> Tensor:
+        """A ragged batch step over a paged KV cache: see the module function `forward_batch`."""
+        return forward_batch(self, tokens, seqs, pool, logit_rows)
+
+    def _pool_plan(self, pool):
+        """`CpuOps.layer_plan` over a `KVPool`'s block pools (rebuilt when weights change)."""
+        parts = (pool, self.layer_weights, *(w["packed"] for w in self.layer_weights))
+        cached = getattr(self, "_paged_plan", None)
+        if cached is None or any(a is not b for a, b in zip(cached[0], parts)):
+            cached = (parts, self.ops.layer_plan(self.layer_weights, pool.caches))
+            self._paged_plan = cached
+        return cached[1]
+
     def _layer_plan(self):
         """`CpuOps.layer_plan` for the current weights, blocks and caches (rebuilt when any of
         them was replaced; the kept references also keep the pointed-to tensors alive)."""
@@ -546,6 +565,136 @@ class Transformer(nn.Module):
                 or any(a is not b for a, b in zip(self._plan[0], parts))):
             self._plan = (parts, self.ops.layer_plan(self.layer_weights, self.caches))
         return self._plan[1]
+
+
+@dataclass(frozen=True)
+class SeqRows:
+    """One sequence's rows in a ragged batch step: ``n`` rows at positions ``start ..
+    start + n - 1``, its keys and values in the pool blocks of ``blocks`` (int32, position t in
+    block ``blocks[t // block_size]``)."""
+
+    start: int
+    n: int
+    blocks: Tensor
+
+
+def forward_batch(model: "Transformer", tokens: Tensor, seqs: list[SeqRows], pool,
+                  logit_rows: Tensor | None = None) -> Tensor:
+    """Logits ``[len(logit_rows), V]`` (float32) of a ragged batch step.
+
+    ``tokens[n]`` holds every sequence's new tokens one sequence after another (``seqs`` in the
+    same order); their keys and values are written into ``pool`` (a `KVPool`) and each row
+    attends to its own sequence's positions up to its own. ``logit_rows`` picks the rows whose
+    logits are needed (default: all). With the CPU kernels (bf16 weights, float32 activations)
+    every row's result depends only on its own sequence's tokens: the batch, the chunking of a
+    prompt and which blocks hold the keys change no bit. `Transformer.fused_layers` picks one
+    C call for all layers or one call per op (identical results, tested); without the kernels
+    the same step runs on torch ops (equal to float rounding)."""
+    n = tokens.shape[0]
+    if sum(s.n for s in seqs) != n:
+        raise ValueError(f"{n} tokens for sequences of {sum(s.n for s in seqs)} rows")
+    for s in seqs:
+        if s.start + s.n > model.max_seq_len or s.blocks.numel() * pool.block_size < s.start + s.n:
+            raise ValueError(f"rows up to position {s.start + s.n} exceed max_seq_len or the "
+                             f"sequence's {s.blocks.numel()} blocks")
+    x = F.embedding(tokens, model.embed).to(model.compute_dtype)
+    ops = model.ops  # float32 activations on CPU: the C helpers (matmuls too for bf16 weights)
+    if ops is not None:
+        x = x.contiguous()
+        rows, row0 = [], 0
+        for s in seqs:
+            rows.append((row0, s.n, s.start, s.blocks))
+            row0 += s.n
+        table = ops.seq_table(rows)
+        if model.fused_layers and model.matmul.ops is not None:
+            ops.decode_layers_paged(x, table, model._pool_plan(pool), model.layer_shape(),
+                                    pool.block_size, model.rope_pairs, model.matmul.packed_max_rows)
+        else:
+            for w, (k, v) in zip(model.layer_weights, pool.caches):
+                x = _paged_layer_ops(model, x, table, w, k, v)
+    else:
+        for layer, w, (k, v) in zip(model.layers, model.layer_weights, pool.caches):
+            x = _paged_layer_torch(model, layer, x, seqs, w, k, v)
+    if logit_rows is not None:
+        x = x[logit_rows]
+    if x.shape[0] == 0:
+        return torch.empty(0, model.vocab_size)
+    if ops is not None:
+        x = ops.rms_norm(x.contiguous(), model.final_norm, model.cfg.rms_norm_eps)
+        return _rows_linear(model, x, model.lm_head, model.packed_head).float()
+    x = rms_norm(x, model.final_norm, model.cfg.rms_norm_eps)
+    return model.matmul(x, model.lm_head).float()
+
+
+def _rows_linear(model: "Transformer", x: Tensor, w: Tensor, packed: PackedMatrix | None,
+                 residual: Tensor | None = None) -> Tensor:
+    """``x @ w.T (+ residual)`` with the row-independent kernels only (as ``matrix_apply`` in
+    C): GGUF blocks for up to ``packed_max_rows`` rows, else the bf16 kernel, whatever the
+    number of rows (no float32 GEMM, whose row results may depend on the batch)."""
+    ops = model.matmul.ops
+    if ops is None:  # float32 weights: torch's matmul
+        return model.matmul(x, w, residual=residual)
+    if packed is not None and x.shape[0] <= model.matmul.packed_max_rows:
+        return ops.packed_linear(x, packed, True, residual)
+    return ops.linear(x, w, residual)
+
+
+def _paged_layer_ops(model: "Transformer", x: Tensor, table, w: dict, k_pool: Tensor,
+                     v_pool: Tensor) -> Tensor:
+    """One layer of a ragged batch step, one C kernel call per op (the reference the one-call
+    `decode_layers_paged` is tested against)."""
+    cfg, ops = model.cfg, model.ops
+    h, kvh, hd, eps = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps
+    p = w["packed"] or {}
+    qkv = _rows_linear(model, ops.rms_norm(x, w["attn_norm"], eps), w["wqkv"], p.get("wqkv"))
+    if w["bqkv"] is not None:
+        qkv = qkv + w["bqkv"]
+    qkv = qkv.contiguous()
+    ops.rope_store_paged(qkv, model.rope_pairs, table, h, kvh, hd, k_pool, v_pool)
+    attn = ops.attend_paged(qkv, k_pool, v_pool, table, h, kvh, hd)
+    mid = _rows_linear(model, attn, w["wo"], p.get("wo"), residual=x)
+    gate_up = _rows_linear(model, ops.rms_norm(mid, w["mlp_norm"], eps), w["w_gate_up"],
+                           p.get("w_gate_up"))
+    return _rows_linear(model, ops.silu_mul(gate_up), w["w_down"], p.get("w_down"), residual=mid)
+
+
+def _paged_layer_torch(model: "Transformer", layer: "Block", x: Tensor, seqs: list[SeqRows],
+                       w: dict, k_pool: Tensor, v_pool: Tensor) -> Tensor:
+    """One layer of a ragged batch step on torch ops (no CPU kernels: other dtypes, CUDA)."""
+    cfg = model.cfg
+    h, kvh, hd, eps = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps
+    bs = k_pool.shape[2]
+    mm = model.matmul
+    qkv = mm(rms_norm(x, w["attn_norm"], eps), w["wqkv"], w["bqkv"])
+    outs, row0 = [], 0
+    for s in seqs:
+        part = qkv[row0:row0 + s.n]
+        row0 += s.n
+        qk = part[:, :(h + kvh) * hd].view(1, s.n, h + kvh, hd)
+        v = part[:, (h + kvh) * hd:].view(s.n, kvh, hd)
+        if w["q_norm"] is not None:
+            qk = torch.cat([rms_norm(qk[:, :, :h], w["q_norm"], eps),
+                            rms_norm(qk[:, :, h:], w["k_norm"], eps)], dim=2)
+        qk = apply_rope(qk, model.rope[s.start:s.start + s.n, None, :])
+        end = s.start + s.n
+        pos = torch.arange(s.start, end, device=x.device)
+        table = s.blocks.to(device=x.device, dtype=torch.long)
+        k_pool[table[pos // bs], :, pos % bs] = qk[0, :, h:].to(k_pool.dtype)
+        v_pool[table[pos // bs], :, pos % bs] = v.to(v_pool.dtype)
+        used = table[:-(-end // bs)]
+        keys = k_pool[used].transpose(0, 1).reshape(kvh, -1, hd)[None, :, :end]
+        values = v_pool[used].transpose(0, 1).reshape(kvh, -1, hd)[None, :, :end]
+        mask = None
+        if s.n > 1:
+            groups = h // kvh
+            mask = (torch.arange(end, device=x.device)[None, :] <= pos[:, None]).repeat(groups, 1)
+        attn = _grouped_attention(qk[:, :, :h].to(k_pool.dtype), keys, values, mask)
+        outs.append(attn.reshape(s.n, h * hd))
+    attn = torch.cat(outs).to(x.dtype)
+    x = mm(attn, w["wo"], residual=x)
+    gate_up = mm(rms_norm(x, w["mlp_norm"], eps), w["w_gate_up"])
+    inter = cfg.intermediate_size
+    return mm(F.silu(gate_up[:, :inter]) * gate_up[:, inter:], w["w_down"], residual=x)
 
 
 def _fits_cpu_ops(cfg: LlamaConfig) -> bool:

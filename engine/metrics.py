@@ -30,6 +30,14 @@ class SpecMetrics:
     sample_s: float = 0.0
     lossy: bool = False
     """True when a relaxed (inexact) acceptance rule was used."""
+    queue_s: float = 0.0
+    """Time from submission until the request first got KV blocks (batching engines)."""
+    cached_tokens: int = 0
+    """Prompt tokens whose keys/values came from the prefix cache instead of a prefill."""
+    prefill_tokens: int = 0
+    """Prompt tokens run through the model (recomputations after preemption included)."""
+    preemptions: int = 0
+    """Times the request gave its KV blocks back to more urgent ones and waited again."""
 
     @property
     def tau(self) -> float:
@@ -73,7 +81,8 @@ class SpecMetrics:
         """Add ``other`` into this one (for per-engine aggregates)."""
         for name in (
             "generated_tokens", "verify_steps", "drafts", "draft_tokens", "accepted_tokens",
-            "wall_s", "prefill_s", "draft_s", "verify_s", "sample_s",
+            "wall_s", "prefill_s", "draft_s", "verify_s", "sample_s", "queue_s",
+            "cached_tokens", "prefill_tokens", "preemptions",
         ):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for mine, theirs in (
@@ -93,6 +102,42 @@ class SpecMetrics:
             tokens_per_s=self.tokens_per_s,
             position_acceptance=self.position_acceptance,
         )
+        return d
+
+
+@dataclass
+class BatchMetrics:
+    """How a batching engine's steps went: batch sizes over time, queueing, the prefix cache."""
+
+    steps: int = 0
+    rows: int = 0
+    """Token rows run through the model, over all steps (prefill chunks and drafts included)."""
+    sequences: int = 0
+    """Sum over steps of the sequences in the step (``sequences / steps`` = mean batch size)."""
+    max_batch: int = 0
+    requests: int = 0
+    """Requests admitted (first admissions only)."""
+    queue_s: float = 0.0
+    """Total time requests waited before their first admission."""
+    prefill_tokens: int = 0
+    cached_tokens: int = 0
+    preemptions: int = 0
+    evictions: int = 0
+    """Cached blocks reused for other tokens."""
+    timeline: list[tuple[float, int, int]] = field(default_factory=list)
+    """``(seconds since the engine started, sequences, rows)`` of recent steps (the last 4096)."""
+
+    @property
+    def mean_batch(self) -> float:
+        return self.sequences / self.steps if self.steps else 0.0
+
+    @property
+    def mean_queue_s(self) -> float:
+        return self.queue_s / self.requests if self.requests else 0.0
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.update(mean_batch=self.mean_batch, mean_queue_s=self.mean_queue_s)
         return d
 
 

@@ -1,12 +1,15 @@
-"""The native engine: a torch decode loop over `llama.Transformer` with speculative decoding.
+"""The native engine: continuous batching over `llama.Transformer` with speculative decoding.
 
-One model, one request at a time: requests queue up for a single worker thread that owns the
-model, its KV cache and the drafter, so concurrent streams never touch each other's state. Each
-stream is fed from that thread through an asyncio queue; a consumer that stops iterating (or is
-cancelled) flags its request, and the worker drops it at the next step.
+One worker thread owns the model, the paged KV cache (`kv_cache.KVPool`) and the drafter, and
+runs every live request in one forward per step (`Transformer.forward_batch`): each decoding
+request feeds its last token plus its draft, each request still reading its prompt feeds a chunk
+of it, all stacked as rows of one batch with their own positions and block tables. New requests
+join at the next step; finished or cancelled ones leave at once. Requests wait while their blocks
+do not fit the budget (less urgent running ones are preempted for more urgent ones); prompts
+reuse cached blocks of earlier requests with the same prefix. Each stream is fed from that thread
+through an asyncio queue.
 
-A decode step drafts up to k tokens (n-gram / suffix / draft model), runs the target once over
-``[last token, *draft]`` and keeps the accepted prefix plus one target token:
+Verification, per request, of ``[last token, *draft]``:
 
 * temperature 0: `greedy_verify` (accept while the draft equals the target argmax);
 * temperature > 0, deterministic drafts (n-gram, suffix): the target samples every position from
@@ -17,8 +20,9 @@ A decode step drafts up to k tokens (n-gram / suffix / draft model), runs the ta
 * temperature > 0 with draft probabilities (draft model) or ``acceptance_threshold < 1``:
   `stochastic_verify` (rejection sampling; the threshold rule is lossy and reported so).
 
-The KV cache is rolled back by position only. Its contents are remembered as a token list, so a
-request whose prompt extends the previous conversation prefills only the new tokens.
+With the CPU kernels every row's logits depend only on its own request's tokens, so a request's
+output is the same alone or in any batch, with or without speculation, cached prefixes or
+preemption.
 """
 
 from __future__ import annotations
@@ -31,21 +35,23 @@ import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from agentrt.kernels import greedy_verify, probs_from_logits, sample, stochastic_verify
 
 from .base import BaseEngine, Delta, EngineError, Message, SamplingParams, Usage
-from .llama import Transformer
-from .metrics import SpecMetrics
+from .kv_cache import DEFAULT_BLOCK_SIZE, KVPool
+from .llama import SeqRows, Transformer
+from .metrics import BatchMetrics, SpecMetrics
 from .models import resolve
-from .proposers.base import Draft, Proposer
+from .proposers.base import Draft, DraftSampling, Proposer
 from .proposers.draft import DraftModelProposer
 from .proposers.ngram import NgramProposer
 from .proposers.suffix import SuffixProposer
-from .tokenizer import ChatTokenizer, StopStringMatcher
+from .sequence import Job, OutputText, RequestState, Uniforms
+from .tokenizer import ChatTokenizer
 
 SPECULATION_KINDS = ("suffix", "ngram", "draft")
 log = logging.getLogger(__name__)
@@ -181,6 +187,21 @@ class AdaptiveK:
             return min(self.probe_k, limit)
         return 0
 
+    def probe(self, k: int, available: int, bucket: int = 0) -> int:
+        """``k`` as planned elsewhere (`plan_draft_lengths`), except that a bucket which drafted
+        nothing for ``probe_every`` steps in a row drafts ``probe_k`` once, so its estimate can
+        recover."""
+        if k > 0:
+            self._off_steps[bucket] = 0
+            return k
+        if available == 0:
+            return 0
+        self._off_steps[bucket] += 1
+        if self._off_steps[bucket] >= self.probe_every:
+            self._off_steps[bucket] = 0
+            return min(self.probe_k, available)
+        return 0
+
     def observe(self, drafted: int, accepted: int, bucket: int = 0) -> None:
         """Fold in one verify step's outcome."""
         hits, seen = self.hits[bucket], self.seen[bucket]
@@ -192,75 +213,11 @@ class AdaptiveK:
 # --------------------------------------------------------------------------------- helpers
 
 @dataclass
-class _Job:
-    messages: list[Message]
-    params: SamplingParams
-    emit: Callable[[object], bool]
-    cancelled: threading.Event = field(default_factory=threading.Event)
-
-
-@dataclass
 class _Remember:
     token_ids: list[int]
 
 
-class _OutputText:
-    """Turns accepted tokens into text deltas; applies EOS, stop strings and max_tokens."""
-
-    def __init__(self, tokenizer: ChatTokenizer, params: SamplingParams):
-        self.detok = tokenizer.detokenizer()
-        self.stop = StopStringMatcher(params.stop)
-        self.eos = tokenizer.eos_token_ids
-        self.max_tokens = params.max_tokens
-        self.token_ids: list[int] = []
-        self.hit_eos = False
-
-    def add(self, tokens: Sequence[int]) -> tuple[str, list[int], str | None]:
-        """``(text, token_ids, finish_reason)`` for the next accepted tokens."""
-        parts: list[str] = []
-        ids: list[int] = []
-        for token in tokens:
-            if token in self.eos:
-                self.hit_eos = True
-                return "".join(parts) + self._tail(), ids, "stop"
-            ids.append(token)
-            self.token_ids.append(token)
-            text, stopped = self.stop.push(self.detok.push([token]))
-            parts.append(text)
-            if stopped:
-                return "".join(parts), ids, "stop"
-            if len(self.token_ids) >= self.max_tokens:
-                return "".join(parts) + self._tail(), ids, "length"
-        return "".join(parts), ids, None
-
-    def finish(self) -> str:
-        """Text still held back when generation ends for another reason (max_seq_len)."""
-        return self._tail()
-
-    def _tail(self) -> str:
-        text, stopped = self.stop.push(self.detok.flush())
-        return text if stopped else text + self.stop.flush()
-
-
-class _Uniforms:
-    """Pre-drawn uniforms indexed by output position (so seeded runs do not depend on k).
-
-    Each stream is drawn in fixed blocks from its own generator, so ``residual[i]`` depends only
-    on the seed and i, never on how many were drawn.
-    """
-
-    BLOCK = 64
-
-    def __init__(self, seed: int, size: int, device: torch.device):
-        self.residual = self._draw(seed, size).to(device)
-        self.accept = self._draw(seed ^ 0x9E3779B97F4A7C15, size).to(device)
-        self.draft_generator = torch.Generator().manual_seed(seed ^ 0x5DEECE66D)
-
-    @classmethod
-    def _draw(cls, seed: int, size: int) -> torch.Tensor:
-        gen = torch.Generator().manual_seed(seed & 0xFFFF_FFFF_FFFF_FFFF)
-        blocks = -(-size // cls.BLOCK)
-        return torch.cat([torch.rand(cls.BLOCK, generator=gen) for _ in range(blocks)])
+_Uniforms = Uniforms  # the name tests and tools used before sequences had their own module
 
 
 def _sync(device: torch.device) -> None:
@@ -277,10 +234,37 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return i
 
 
+
+def plan_draft_lengths(chains: list[list[float]], base_tokens: int, base_rows: int,
+                       cost: Callable[[int], float]) -> list[int]:
+    """Draft lengths for the sequences of one batched step, chosen together.
+
+    ``chains[i][j]``: the estimated probability that sequence i's draft tokens 0..j are all
+    accepted (non-increasing in j). The step already runs ``base_rows`` rows and yields
+    ``base_tokens`` tokens; each extra draft row adds its chain probability in expected tokens
+    and costs what the step's time grows by. The best set of rows for expected tokens per
+    second is a prefix of all candidate rows sorted by that probability (each sequence's rows
+    in order), so this tries every prefix: at a small batch drafting is nearly free and long
+    drafts pay; at a large one each row costs almost a full row of compute and only the likely
+    ones are kept."""
+    candidates = sorted(((p, i) for i, chain in enumerate(chains) for p in chain), reverse=True)
+    best_m, best_rate, tokens = 0, base_tokens / cost(base_rows), float(base_tokens)
+    for m, (p, _) in enumerate(candidates, start=1):
+        tokens += p
+        rate = tokens / cost(base_rows + m)
+        if rate > best_rate:
+            best_m, best_rate = m, rate
+    lengths = [0] * len(chains)
+    for _, i in candidates[:best_m]:
+        lengths[i] += 1
+    return lengths
+
+
 # ---------------------------------------------------------------------------------- engine
 
 class NativeEngine(BaseEngine):
-    """The embedded engine: SmolLM2-135M-Instruct (or any local Llama/Qwen directory) in torch.
+    """The embedded engine: SmolLM2-135M-Instruct (or any local Llama/Qwen directory) in torch,
+    serving every live request in one batched forward per step.
 
     Args:
         model: a pulled model name (see `models.pull`) or a local Hugging Face directory.
@@ -295,13 +279,25 @@ class NativeEngine(BaseEngine):
         max_speculative_tokens: the largest k adaptive mode considers.
         acceptance_threshold: 1.0 is exact; below 1.0 accepts more drafts, and is reported as
             ``lossy`` in the metrics.
-        max_seq_len: KV cache length (prompt + output).
+        max_seq_len: the longest sequence (prompt + output) one request may reach.
         seed: seeds requests whose params have no seed (a seeded engine is reproducible).
         compile: accepted for API stability; the eager path always runs (on CPU, torch.compile
             of the decode step measured no faster than eager + the fused CPU kernels, after an
             80 s compile; see docs/engine.md).
         threads: torch CPU threads (default: torch's setting).
-        prefix_cache: reuse the KV cache for the prompt prefix shared with the previous request.
+        prefix_cache: reuse cached keys/values of prompt prefixes seen before (any request's).
+        prefill_chunk: the most prompt tokens one request feeds in one step.
+        kv_cache_bytes: the KV cache budget (default 512 MiB: ~11.6k tokens of SmolLM2-135M);
+            requests wait when it is full, and one that could never fit is refused.
+        block_size: positions per KV block (the prefix cache shares whole blocks and copies
+            the last partial one).
+        max_batch_tokens: the most token rows one step runs (decode rows, drafts, prefill chunks).
+        max_num_seqs: the most requests decoding at once; more wait.
+        priority_share: while a more urgent request (lower ``priority``) is decoding, less urgent
+            ones take part only in some steps, so that the urgent stream keeps at least this
+            share of the decode rate it has alone (see docs/engine.md, "Priority").
+        background_prefill_tokens: the most prompt tokens less urgent requests prefill in one
+            of those shared steps (bounds the pause they cause in the urgent stream).
     """
 
     name = "native"
@@ -322,6 +318,12 @@ class NativeEngine(BaseEngine):
         max_speculative_tokens: int = 16,
         prefix_cache: bool = True,
         prefill_chunk: int = 512,
+        kv_cache_bytes: int | None = None,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        max_batch_tokens: int = 512,
+        max_num_seqs: int = 64,
+        priority_share: float = 0.7,
+        background_prefill_tokens: int = 64,
     ):
         if not 0.0 < acceptance_threshold <= 1.0:
             raise ValueError(f"acceptance_threshold must be in (0, 1], got {acceptance_threshold}")
@@ -331,6 +333,13 @@ class NativeEngine(BaseEngine):
                              f"got {num_speculative_tokens!r}")
         if isinstance(speculation, str) and speculation not in SPECULATION_KINDS:
             raise ValueError(f"speculation must be one of {SPECULATION_KINDS} or None, got {speculation!r}")
+        for name, value in (("prefill_chunk", prefill_chunk), ("block_size", block_size),
+                            ("max_batch_tokens", max_batch_tokens), ("max_num_seqs", max_num_seqs),
+                            ("background_prefill_tokens", background_prefill_tokens)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if not 0.0 < priority_share <= 1.0:
+            raise ValueError(f"priority_share must be in (0, 1], got {priority_share}")
         if threads:
             torch.set_num_threads(threads)
         self.threads = threads
@@ -347,15 +356,36 @@ class NativeEngine(BaseEngine):
             log.warning("NativeEngine(compile=True): no compiled path yet, running eager")
         self.prefix_cache = prefix_cache
         self.prefill_chunk = prefill_chunk
+        self.max_batch_tokens = max(max_batch_tokens, self.max_k + 1)
+        self.max_num_seqs = max_num_seqs
+        self.background_prefill_tokens = background_prefill_tokens
+        self.priority_share = priority_share
+        self._credit = 0.0  # seconds less urgent requests may still slow the urgent stream by
+        self._urgent_alone_s = 0.0  # recent duration of a step of urgent requests only
+        cfg = self.model.cfg
+        per_token = KVPool.bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim,
+                                           self.model.compute_dtype)
+        self.kv_cache_bytes = kv_cache_bytes or 512 * 2**20
+        num_blocks = self.kv_cache_bytes // (per_token * block_size)
+        if num_blocks < 1:
+            raise ValueError(f"kv_cache_bytes={self.kv_cache_bytes} holds no block of {block_size} "
+                             f"tokens ({per_token * block_size} bytes)")
+        self.pool = KVPool(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, num_blocks, block_size,
+                           self.model.compute_dtype, self.device)
         self.proposer = self._make_proposer(speculation, draft_model, dtype)
         self.speculation = (None if self.proposer is None else
                             speculation if isinstance(speculation, str) else self.proposer.name)
         self._policy: AdaptiveK | None = None
         self._seed_rng = (torch.Generator().manual_seed(seed) if seed is not None else None)
-        self._cache_tokens: list[int] = []
         self._metrics = SpecMetrics(lossy=acceptance_threshold < 1.0)
+        self._batch = BatchMetrics()
         self._metrics_lock = threading.Lock()
+        self._started = time.perf_counter()
         self._jobs: queue.Queue = queue.Queue()
+        self._waiting: list[RequestState] = []
+        self._running: list[RequestState] = []
+        self._arrivals = itertools.count()
+        self._stopping = False
         self._closed = False
         self._worker = threading.Thread(target=self._work, name="agentrt-native", daemon=True)
         self._worker.start()
@@ -399,7 +429,7 @@ class NativeEngine(BaseEngine):
             except RuntimeError:  # the consumer's event loop is gone
                 return False
 
-        job = _Job([dict(m) for m in messages], params, emit)
+        job = Job([dict(m) for m in messages], params, emit)
         self._jobs.put(job)
         try:
             while True:
@@ -424,8 +454,14 @@ class NativeEngine(BaseEngine):
             snapshot.merge(self._metrics)
             return snapshot
 
+    def batch_metrics(self) -> BatchMetrics:
+        """Batching metrics so far: batch size over time, queue wait, prefix-cache hits."""
+        with self._metrics_lock:
+            return BatchMetrics(**{**self._batch.__dict__, "timeline": list(self._batch.timeline),
+                                   "evictions": self.pool.evictions})
+
     def close(self) -> None:
-        """Stop the worker (after the request in progress) and release it."""
+        """Stop the worker (after the requests already submitted) and release it."""
         if not self._closed:
             self._closed = True
             self._jobs.put(None)
@@ -440,36 +476,59 @@ class NativeEngine(BaseEngine):
         if self.threads:
             torch.set_num_threads(self.threads)
         with torch.inference_mode():
-            while (job := self._jobs.get()) is not None:
-                if isinstance(job, _Remember):
+            while True:
+                if not self._running and not self._waiting:
+                    if self._stopping:
+                        return
+                    self._accept(self._jobs.get())
+                while True:
                     try:
-                        self.proposer.remember(job.token_ids)
-                    except Exception:  # a drafter's corpus is an optimisation, never fatal
-                        log.exception("proposer %s failed to remember text", self.speculation)
+                        self._accept(self._jobs.get_nowait())
+                    except queue.Empty:
+                        break
+                self._drop_cancelled()
+                if not self._running and not self._waiting:
                     continue
-                if job.cancelled.is_set():
-                    continue
+                batch = list(self._running)
                 try:
-                    self._generate(job)
-                except Exception as exc:  # report to the stream, keep serving
-                    self._cache_tokens = []
-                    if not isinstance(exc, EngineError):
-                        wrapped = EngineError(f"native generation failed: {type(exc).__name__}: {exc}")
-                        wrapped.__cause__ = exc
-                        exc = wrapped
-                    job.emit(exc)
+                    self._admit()
+                    batch = list(self._running)
+                    if batch:
+                        self._step()
+                except Exception as exc:  # report to the streams in the step, keep serving
+                    log.exception("native engine step failed")
+                    for seq in batch:
+                        if seq in self._running:
+                            self._fail(seq, exc)
 
-    def _prefill(self, prompt: list[int]) -> torch.Tensor:
-        """Fill the KV cache for ``prompt`` (reusing a shared prefix); logits after its last token."""
-        start = common_prefix(self._cache_tokens, prompt) if self.prefix_cache else 0
-        start = min(start, len(prompt) - 1)
-        self._cache_tokens = []
-        logits = None
-        for begin in range(start, len(prompt), self.prefill_chunk):
-            chunk = prompt[begin:begin + self.prefill_chunk]
-            tokens = torch.tensor([chunk], dtype=torch.long, device=self.device)
-            logits = self.model(tokens, begin, "last")
-        return logits[0, -1]
+    def _accept(self, item) -> None:
+        """Take one item from the submission queue: a request, text to remember, or stop."""
+        if item is None:
+            self._stopping = True
+        elif isinstance(item, _Remember):
+            try:
+                self.proposer.remember(item.token_ids)
+            except Exception:  # a drafter's corpus is an optimisation, never fatal
+                log.exception("proposer %s failed to remember text", self.speculation)
+        elif not item.cancelled.is_set():
+            try:
+                self._waiting.append(self._new_sequence(item))
+            except Exception as exc:
+                item.emit(_engine_error(exc))
+
+    def _new_sequence(self, job: Job) -> RequestState:
+        params = job.params
+        prompt = self.tokenizer.encode_chat(job.messages)
+        if len(prompt) + 1 > self.max_seq_len:
+            raise EngineError(f"prompt of {len(prompt)} tokens does not fit max_seq_len={self.max_seq_len}")
+        if self.pool.blocks_for(len(prompt) + 1) > self.pool.num_blocks:
+            raise EngineError(
+                f"prompt of {len(prompt)} tokens needs more KV cache than the whole budget holds "
+                f"({self.pool.capacity_tokens} tokens in kv_cache_bytes={self.kv_cache_bytes})")
+        uniforms = Uniforms(self._seed_for(params), params.max_tokens + self.max_k + 2, self.device)
+        metrics = SpecMetrics(lossy=self.acceptance_threshold < 1.0)
+        return RequestState(job, prompt, next(self._arrivals), uniforms,
+                        OutputText(self.tokenizer, params), metrics)
 
     def _seed_for(self, params: SamplingParams) -> int:
         if params.seed is not None:
@@ -482,105 +541,347 @@ class NativeEngine(BaseEngine):
         if self.proposer is None or self.fixed_k is not None:
             return None
         if self._policy is None:
-            costs = StepCosts.measure(self.model, self.max_k + 1)
-            draft_cost = 0.0
-            if isinstance(self.proposer, DraftModelProposer):
-                draft_cost = StepCosts.measure(self.proposer.model, 1)(1)
-            self._policy = AdaptiveK(costs, self.max_k, draft_cost)
+            costs = StepCosts.measure(self.model, max(self.max_k + 1, 32))
+            self._policy = AdaptiveK(costs, self.max_k, self.proposer.draft_cost())
         return self._policy
 
-    def _generate(self, job: _Job) -> None:
-        params = job.params
-        policy = self._policy_for()  # measures step costs on first use, outside the timings
-        t_start = time.perf_counter()
-        prompt = self.tokenizer.encode_chat(job.messages)
-        if len(prompt) + 1 > self.max_seq_len:
-            raise EngineError(f"prompt of {len(prompt)} tokens does not fit max_seq_len={self.max_seq_len}")
-        greedy = params.temperature == 0
-        metrics = SpecMetrics(lossy=self.acceptance_threshold < 1.0)
-        uniforms = _Uniforms(self._seed_for(params), params.max_tokens + self.max_k + 2, self.device)
-        out = _OutputText(self.tokenizer, params)
+    # ------------------------------------------------------------------------ scheduling
 
-        logits = self._prefill(prompt)
-        if greedy:
-            first = int(logits.argmax())
-        else:
-            probs = probs_from_logits(logits[None], params.temperature, params.top_k, params.top_p)
-            first = int(sample(probs, uniforms.residual[:1])[0])
-        metrics.prefill_s = time.perf_counter() - t_start
-        seq = prompt + [first]
-        pos = len(prompt)  # tokens with keys/values in the cache; seq[pos] is the next input
+    def _drop_cancelled(self) -> None:
+        for seq in [s for s in self._waiting if s.job.cancelled.is_set()]:
+            self._waiting.remove(seq)
+            if seq.state is not None:  # preempted after it started
+                seq.state.end()
+        for seq in [s for s in self._running if s.job.cancelled.is_set()]:
+            self._release(seq)
 
-        state = None
-        if self.proposer is not None:
-            if isinstance(self.proposer, DraftModelProposer):
-                state = self.proposer.begin(prompt, temperature=params.temperature, top_k=params.top_k,
-                                            top_p=params.top_p, generator=uniforms.draft_generator)
-            else:
-                state = self.proposer.begin(prompt)
-            state.extend([first])
-        try:
-            text, ids, finish = out.add([first])
-            while finish is None:
-                if pos >= self.max_seq_len:
-                    finish = "length"
-                    text += out.finish()
-                    break
-                if not job.emit(Delta(text, tuple(ids))) or job.cancelled.is_set():
+    def _admit(self) -> None:
+        """Move waiting requests to running, most urgent first, while their blocks fit. A
+        request that does not fit waits (and so do less urgent ones), after preempting running
+        requests less urgent than it; one whose prompt shares a block-sized prefix with a
+        request still prefilling it waits until that prefix is in the cache."""
+        for seq in sorted(self._waiting, key=lambda s: s.order):
+            if len(self._running) >= self.max_num_seqs:
+                return
+            if self._prefix_in_flight(seq):
+                continue
+            while not self._try_admit(seq):
+                victims = [s for s in self._running if s.order > seq.order]
+                if not victims:
                     return
-                new_tokens = self._step(seq, pos, len(prompt), state, policy, params, uniforms, metrics)
-                pos += len(new_tokens)
-                seq.extend(new_tokens)
-                if state is not None:
-                    state.extend(new_tokens)
-                text, ids, finish = out.add(new_tokens)
-            metrics.generated_tokens = len(out.token_ids) + out.hit_eos
-            metrics.wall_s = time.perf_counter() - t_start
-            with self._metrics_lock:
-                self._metrics.merge(metrics)
-            usage = Usage(prompt_tokens=len(prompt), completion_tokens=metrics.generated_tokens)
-            job.emit(Delta(text, tuple(ids), finish_reason=finish, usage=usage, metrics=metrics))
-        finally:
-            self._cache_tokens = seq[:pos]
-            if state is not None:
-                state.end()
+                self._preempt(max(victims, key=lambda s: s.order))
+            self._waiting.remove(seq)
+            self._running.append(seq)
 
-    def _step(self, seq: list[int], pos: int, prompt_len: int, state, policy: AdaptiveK | None,
-              params: SamplingParams, uniforms: _Uniforms, metrics: SpecMetrics) -> list[int]:
-        """One verify step from ``seq[pos]``: returns the accepted tokens plus the target's token."""
-        produced = len(seq) - prompt_len  # output index of the token this step produces
-        room = min(params.max_tokens - produced - 1, self.max_seq_len - pos - 1)
+    def _prefix_in_flight(self, seq: RequestState) -> bool:
+        if not self.prefix_cache:
+            return False
+        bs = self.pool.block_size
+        for other in self._running:
+            if other.computed < len(other.tokens) - 1:  # still prefilling
+                shared = common_prefix(other.tokens, seq.tokens[:len(seq.tokens) - 1])
+                if shared >= other.computed + bs and shared >= bs:
+                    return True
+        return False
+
+    def _try_admit(self, seq: RequestState) -> bool:
+        """Give ``seq`` blocks for all its known tokens (cached prefix shared, the rest fresh)."""
+        pool = self.pool
+        limit = len(seq.tokens) - 1  # the last token is always run: its logits are needed
+        hits, chain, partial, partial_n = [], KVPool.ROOT, None, 0
+        if self.prefix_cache:
+            hits, chain, partial, partial_n = pool.match(seq.tokens, limit)
+        pool.take(hits)
+        if partial is not None:
+            pool.take([partial])
+        need = pool.blocks_for(len(seq.tokens)) - len(hits)
+        if pool.available() < need:
+            pool.release(hits + ([partial] if partial is not None else []))
+            return False
+        fresh = [pool.allocate() for _ in range(need)]
+        if partial is not None:
+            if fresh:
+                pool.copy_positions(partial, fresh[0], partial_n)
+            else:
+                partial_n = 0
+            pool.release([partial])
+        seq.blocks = hits + fresh
+        seq.computed = len(hits) * pool.block_size + partial_n
+        seq.chain, seq.indexed = chain, len(hits)
+        now = time.perf_counter()
+        seq.metrics.cached_tokens += seq.computed
+        if seq.admitted_at is None:
+            seq.admitted_at = now
+            seq.metrics.queue_s = now - seq.job.submitted
+            with self._metrics_lock:
+                self._batch.requests += 1
+                self._batch.queue_s += seq.metrics.queue_s
+        if seq.state is None and self.proposer is not None:
+            prompt = seq.tokens[:seq.prompt_len]
+            params = seq.params
+            seq.state = self.proposer.begin(prompt, DraftSampling(
+                params.temperature, params.top_k, params.top_p, seq.uniforms.draft_generator))
+            if seq.produced:
+                seq.state.extend(seq.tokens[seq.prompt_len:])
+        with self._metrics_lock:
+            self._batch.cached_tokens += seq.computed
+        return True
+
+    def _preempt(self, seq: RequestState) -> None:
+        """Give ``seq``'s blocks back (its indexed blocks stay cached) and make it wait again."""
+        self._index_tail(seq)
+        self.pool.release(seq.blocks)
+        seq.blocks, seq.computed, seq.indexed, seq.chain = [], 0, 0, KVPool.ROOT
+        seq.metrics.preemptions += 1
+        with self._metrics_lock:
+            self._batch.preemptions += 1
+        self._running.remove(seq)
+        self._waiting.append(seq)
+
+    def _index_tail(self, seq: RequestState) -> None:
+        """Index the full blocks not indexed yet, then the partly filled last one."""
+        self._index_full(seq)
+        bs = self.pool.block_size
+        j = seq.indexed
+        if j < len(seq.blocks) and seq.computed > j * bs:
+            self.pool.register_partial(seq.blocks[j], seq.chain, seq.tokens[j * bs:seq.computed])
+
+    def _index_full(self, seq: RequestState) -> None:
+        bs = self.pool.block_size
+        while (seq.indexed + 1) * bs <= seq.computed:
+            j = seq.indexed
+            seq.chain = self.pool.register(seq.blocks[j], seq.chain, seq.tokens[j * bs:(j + 1) * bs])
+            seq.indexed += 1
+
+    def _release(self, seq: RequestState) -> None:
+        """``seq`` leaves: its blocks go back to the pool (indexed ones stay cached)."""
+        self._index_tail(seq)
+        self.pool.release(seq.blocks)
+        seq.blocks = []
+        if seq in self._running:
+            self._running.remove(seq)
+        if seq.state is not None:
+            try:
+                seq.state.end()
+            except Exception:  # a drafter's bookkeeping must not fail the request
+                log.exception("proposer state failed to end")
+
+    def _fail(self, seq: RequestState, exc: BaseException) -> None:
+        self._release(seq)
+        seq.job.emit(_engine_error(exc))
+
+    # ------------------------------------------------------------------------------ step
+
+    def _grow(self, seq: RequestState, rows: int) -> int:
+        """Make blocks hold ``rows`` more rows of ``seq`` (fewer when the pool runs out; less
+        urgent sequences are preempted for its first row). Returns the rows that fit, 0 when
+        ``seq`` itself had to wait."""
+        pool = self.pool
+        while pool.blocks_for(seq.computed + rows) > len(seq.blocks):
+            block = pool.allocate()
+            if block is not None:
+                seq.blocks.append(block)
+                continue
+            fit = len(seq.blocks) * pool.block_size - seq.computed
+            if fit >= 1:
+                return fit
+            victims = [s for s in self._running if s.order > seq.order]
+            if victims:
+                self._preempt(max(victims, key=lambda s: s.order))
+                continue
+            return 0
+        return rows
+
+    def _draft(self, decoding: list[RequestState], policy: AdaptiveK | None
+               ) -> dict[RequestState, tuple[list[int], Draft]]:
+        """Each decoding sequence's draft for this step (see `plan_draft_lengths`)."""
+        plans: dict[RequestState, tuple[list[int], Draft]] = {}
+        lookups: list[tuple[RequestState, Draft]] = []
+        for seq in decoding:
+            room = min(seq.params.max_tokens - seq.produced - 1, self.max_seq_len - seq.computed - 1)
+            draft = Draft([])
+            if seq.state is None or room <= 0:
+                plans[seq] = ([], draft)
+            elif policy is None:
+                draft = seq.state.propose(min(self.fixed_k, room))
+                plans[seq] = (draft.tokens[:min(self.fixed_k, room)], draft)
+            elif not self.proposer.lookup:
+                k = policy.choose(room)  # model drafts cost a forward per token: choose k first
+                draft = seq.state.propose(k) if k > 0 else draft
+                plans[seq] = (draft.tokens[:k], draft)
+            else:  # lookups are cheap: see every match, then choose the k's together
+                lookups.append((seq, seq.state.propose(min(room, self.max_k))))
+        # the most urgent requests plan their drafts as if alone (less urgent rows must not
+        # make the urgent stream draft less), the others around what those use
+        urgent = min((seq.priority for seq in decoding), default=0)
+        groups = [[x for x in lookups if x[0].priority == urgent],
+                  [x for x in lookups if x[0].priority != urgent]]
+        first_rows = sum(1 for seq in decoding if seq.priority == urgent)
+        rows = first_rows
+        for group, tokens in zip(groups, (first_rows, len(decoding) - first_rows)):
+            if not group:
+                continue
+            chains = []
+            for _, draft in group:
+                accept, chain, p = policy.accept(AdaptiveK.bucket_of(draft.match_len)), [], 1.0
+                for a in accept[:len(draft.tokens)]:
+                    p *= a
+                    chain.append(p)
+                chains.append(chain)
+            base = rows if group is groups[0] else rows + tokens
+            lengths = plan_draft_lengths(chains, max(tokens, 1), base, policy.costs)
+            for (seq, draft), k in zip(group, lengths):
+                k = policy.probe(k, len(draft.tokens), AdaptiveK.bucket_of(draft.match_len))
+                plans[seq] = (draft.tokens[:k], draft)
+                rows += k
+        return plans
+
+    def _step(self) -> None:
+        """One forward for every running sequence: decode rows (last token + draft) first, then
+        prefill chunks in priority order within the step's token budget."""
+        policy = self._policy_for()  # measures step costs on first use, outside the timings
         t0 = time.perf_counter()
-        draft, k = Draft([]), 0
-        if state is not None and policy is None:
-            k = min(self.fixed_k, room)
-            draft = state.propose(k) if k > 0 else draft
-        elif state is not None and isinstance(self.proposer, DraftModelProposer):
-            k = policy.choose(room)  # model drafts cost a forward per token: choose k first
-            draft = state.propose(k) if k > 0 else draft
-        elif state is not None and room > 0:  # lookups are cheap: see the match, then choose k
-            draft = state.propose(min(room, self.max_k))
-            k = policy.choose(len(draft.tokens), AdaptiveK.bucket_of(draft.match_len))
-        drafted = draft.tokens[:max(k, 0)]
+        order = sorted(self._running, key=lambda s: s.order)
+        urgent = min((s.priority for s in order if s.decoding), default=None)
+        throttled = urgent is not None and any(s.priority > urgent for s in order)
+        shared = throttled and self._credit >= 0
+        if throttled and not shared:
+            order = [s for s in order if s.priority <= urgent]
+        decoding = [s for s in order if s.decoding]
+        plans = self._draft(decoding, policy)
         t1 = time.perf_counter()
-        tokens = torch.tensor([[seq[pos], *drafted]], dtype=torch.long, device=self.device)
-        logits = self.model(tokens, pos, "all")
+        entries: list[tuple[RequestState, int, list[int], Draft | None, bool]] = []
+        used = 0
+        for seq in decoding:
+            if seq not in self._running:
+                continue
+            drafted, draft = plans[seq]
+            rows = self._grow(seq, 1 + len(drafted))
+            if rows == 0:
+                if seq in self._running:  # alone and out of memory: its context is full
+                    self._finish(seq, "length", seq.out.finish(), [])
+                continue
+            entries.append((seq, rows, drafted[:rows - 1], draft, True))
+            used += rows
+        background = 0
+        for seq in order:
+            if seq.decoding or seq not in self._running:
+                continue
+            chunk = min(len(seq.tokens) - seq.computed, self.prefill_chunk,
+                        self.max_batch_tokens - used)
+            if throttled and seq.priority > urgent:
+                chunk = min(chunk, self.background_prefill_tokens - background)
+                background += max(chunk, 0)
+            if chunk <= 0:
+                continue
+            entries.append((seq, chunk, [], None, False))
+            used += chunk
+        if not entries:
+            return
+        tokens, rows, logit_rows, row = [], [], [], 0
+        for seq, n, drafted, _, decode in entries:
+            tokens.extend([seq.tokens[-1], *drafted] if decode
+                          else seq.tokens[seq.computed:seq.computed + n])
+            rows.append(SeqRows(seq.computed, n, seq.block_table()))
+            if seq.computed + n >= len(seq.tokens):  # reaches the last known token: sample
+                first = row + (len(seq.tokens) - 1 - seq.computed)
+                logit_rows.extend(range(first, row + n))
+            row += n
+        token_tensor = torch.tensor(tokens, dtype=torch.long, device=self.device)
+        logits = self.model.forward_batch(token_tensor, rows, self.pool,
+                                          torch.tensor(logit_rows, dtype=torch.long))
         _sync(self.device)
         t2 = time.perf_counter()
-        accepted, token = self._verify(drafted, draft, logits, params, uniforms, produced)
-        t3 = time.perf_counter()
-        metrics.draft_s += t1 - t0
-        metrics.verify_s += t2 - t1
-        metrics.sample_s += t3 - t2
-        metrics.record_step(len(drafted), accepted)
+        forward_s = t2 - t1
         if policy is not None:
-            policy.costs.observe(len(drafted) + 1, t2 - t1)
-            if drafted:
+            policy.costs.observe(row, forward_s)
+        self._account_priority(throttled, shared, t2 - t0)
+        with self._metrics_lock:
+            b = self._batch
+            b.steps += 1
+            b.rows += row
+            b.sequences += len(entries)
+            b.max_batch = max(b.max_batch, len(entries))
+            b.timeline.append((t2 - self._started, len(entries), row))
+            if len(b.timeline) > 4096:
+                del b.timeline[:1024]
+        at = 0
+        for seq, n, drafted, draft, decode in entries:
+            if seq.computed + n < len(seq.tokens):  # a prefill chunk short of the last token
+                seq.metrics.prefill_tokens += n
+                with self._metrics_lock:
+                    self._batch.prefill_tokens += n
+                seq.computed += n
+                self._index_full(seq)
+                continue
+            sampled = len(drafted) + 1
+            seq_logits = logits[at:at + sampled][None]
+            at += sampled
+            self._advance(seq, n, drafted, draft, decode, seq_logits, policy, t1 - t0, forward_s)
+
+    def _account_priority(self, throttled: bool, shared: bool, seconds: float) -> None:
+        """Keep the credit of less urgent requests: a step of urgent requests only earns what
+        the urgent stream may lose (``seconds / share - seconds``); a shared step spends what it
+        took beyond an urgent-only step. Shared steps run while the credit is not negative, so
+        over the urgent stream's life its steps take at most ``1 / share`` of their time alone."""
+        if not throttled:
+            self._credit = 0.0
+        elif shared:
+            self._credit += self._urgent_alone_s / self.priority_share - seconds
+        else:
+            self._urgent_alone_s = (seconds if self._urgent_alone_s == 0.0
+                                    else 0.8 * self._urgent_alone_s + 0.2 * seconds)
+            self._credit += seconds / self.priority_share - seconds
+
+    def _advance(self, seq: RequestState, n: int, drafted: list[int], draft: Draft | None,
+                 decode: bool, logits: torch.Tensor, policy: AdaptiveK | None, draft_s: float,
+                 forward_s: float) -> None:
+        """Verify ``seq``'s rows of this step, append what was accepted and stream it."""
+        t = time.perf_counter()
+        accepted, token = self._verify(drafted, draft or Draft([]), logits, seq.params,
+                                       seq.uniforms, seq.produced)
+        new_tokens = drafted[:accepted] + [token]
+        m = seq.metrics
+        if not decode:
+            m.prefill_tokens += n
+            with self._metrics_lock:
+                self._batch.prefill_tokens += n
+            seq.computed += n
+        else:
+            seq.computed += 1 + accepted
+            m.record_step(len(drafted), accepted)
+            m.draft_s += draft_s
+            m.verify_s += forward_s
+            if policy is not None and drafted and draft is not None:
                 policy.observe(len(drafted), accepted, AdaptiveK.bucket_of(draft.match_len))
-        return drafted[:accepted] + [token]
+        seq.tokens.extend(new_tokens)
+        if seq.state is not None:
+            seq.state.extend(new_tokens)
+        self._index_full(seq)
+        m.sample_s += time.perf_counter() - t
+        if m.prefill_s == 0.0:
+            m.prefill_s = time.perf_counter() - seq.admitted_at
+        text, ids, finish = seq.out.add(new_tokens)
+        if finish is None and seq.computed >= self.max_seq_len:
+            finish = "length"
+            text += seq.out.finish()
+        if finish is not None:
+            self._finish(seq, finish, text, ids)
+        elif not seq.job.emit(Delta(text, tuple(ids))) or seq.job.cancelled.is_set():
+            self._release(seq)
+
+    def _finish(self, seq: RequestState, finish: str, text: str, ids: list[int]) -> None:
+        m = seq.metrics
+        m.generated_tokens = len(seq.out.token_ids) + seq.out.hit_eos
+        m.wall_s = time.perf_counter() - seq.admitted_at
+        with self._metrics_lock:
+            self._metrics.merge(m)
+        usage = Usage(prompt_tokens=seq.prompt_len, completion_tokens=m.generated_tokens)
+        self._release(seq)
+        seq.job.emit(Delta(text, tuple(ids), finish_reason=finish, usage=usage, metrics=m))
 
     def _verify(self, drafted: list[int], draft: Draft, logits: torch.Tensor,
-                params: SamplingParams, uniforms: _Uniforms, at: int) -> tuple[int, int]:
+                params: SamplingParams, uniforms: Uniforms, at: int) -> tuple[int, int]:
         """``(accepted, next_token)`` for ``drafted`` against target ``logits[1, k+1, V]``."""
         k = len(drafted)
         draft_ids = torch.tensor([drafted], dtype=torch.long, device=self.device)
@@ -600,3 +901,11 @@ class NativeEngine(BaseEngine):
             draft_ids, draft_probs, probs, uniforms.accept[None, at:at + k],
             uniforms.residual[at:at + 1], self.acceptance_threshold)
         return int(accepted[0]), int(token[0])
+
+
+def _engine_error(exc: BaseException) -> EngineError:
+    if isinstance(exc, EngineError):
+        return exc
+    wrapped = EngineError(f"native generation failed: {type(exc).__name__}: {exc}")
+    wrapped.__cause__ = exc
+    return wrapped

@@ -445,3 +445,165 @@ void decode_layers(float *x, int64_t n, int64_t start, const Layer *layers, int6
     }
     free(act); free(gu); free(att); free(qkv); free(mid); free(h);
 }
+
+/* ---- a ragged batch over a paged KV cache: several sequences in one step ----
+   The caches are pools of blocks [NB, KV, BS, D]: position t of a sequence lives at offset
+   t % BS of block blocks[t / BS] of its block table. A step's rows are the sequences' rows one
+   after another (Seq.row0 .. row0 + n - 1), each sequence at its own positions. Every row's
+   result depends only on its own sequence's tokens up to it: not on the batch, the chunking or
+   which blocks hold the keys, so a batched step gives the same bits as each sequence alone. */
+
+typedef struct {
+    int64_t row0, n, start;   /* the step's rows row0 .. row0+n-1 sit at positions start .. */
+    const int32_t *blocks;    /* block table */
+} Seq;
+
+/* Rotate the q and k heads of each row (as rope_store) and store its k, v rows in the pools. */
+void rope_store_paged(float *qkv, const float *rope, const Seq *seqs, int64_t S, int64_t H,
+                      int64_t KV, int64_t D, float *k_pool, float *v_pool, int64_t BS) {
+    const int64_t row = (H + 2 * KV) * D;
+    for (int64_t q = 0; q < S; q++) {
+        const Seq *sq = seqs + q;
+        for (int64_t r = 0; r < sq->n; r++) {
+            float *v = qkv + (sq->row0 + r) * row;
+            const int64_t pos = sq->start + r;
+            const float *cs = rope + pos * D;
+            for (int64_t head = 0; head < H + KV; head++) {
+                float *x = v + head * D;
+                for (int64_t i = 0; i < D; i += 2) {
+                    const float a = x[i], b = x[i + 1], c = cs[i], s = cs[i + 1];
+                    x[i] = a * c - b * s;
+                    x[i + 1] = a * s + b * c;
+                }
+            }
+            const int64_t block = sq->blocks[pos / BS], off = pos % BS;
+            for (int64_t j = 0; j < KV; j++) {
+                memcpy(k_pool + ((block * KV + j) * BS + off) * D, v + (H + j) * D, D * sizeof(float));
+                memcpy(v_pool + ((block * KV + j) * BS + off) * D, v + (H + KV + j) * D, D * sizeof(float));
+            }
+        }
+    }
+}
+
+typedef struct {
+    int64_t seq, kv, r0, rows, g0;
+    int G;
+} AttendTask;
+
+/* One task of attend_paged: kv head `kv` of sequence sq for rows r0 .. r0+rows-1 and query
+   heads g0 .. g0+G-1 of that kv head, keys and values walked one block (BS rows) at a time. */
+static void attend_paged_task(const float *q, int64_t q_stride, const float *k_pool,
+                              const float *v_pool, float *out, const Seq *sq, const AttendTask *tk,
+                              int64_t H, int64_t KV, int64_t D, int64_t BS, float scale) {
+    const int64_t groups = H / KV, kv = tk->kv, r0 = tk->r0, rows = tk->rows;
+    const int G = tk->G;
+    const int64_t h0 = kv * groups + tk->g0, start = sq->start;
+    const int64_t ss = start + r0 + rows + 8;
+    float *s = (float *)malloc((size_t)(rows * G * ss) * sizeof(float));
+    float *acc = (float *)calloc((size_t)(rows * G * D), sizeof(float));
+    for (int64_t t0 = 0; t0 < start + r0 + rows; t0 += BS) {
+        const float *keys = k_pool + (sq->blocks[t0 / BS] * KV + kv) * BS * D;
+        for (int64_t r = 0; r < rows; r++) {
+            const int64_t len = start + r0 + r + 1 - t0;
+            if (len > 0)
+                SCORES[G](q + (sq->row0 + r0 + r) * q_stride + h0 * D, keys, D,
+                          len < BS ? len : BS, scale, s + r * G * ss + t0, ss);
+        }
+    }
+    float inv[rows * G];
+    for (int64_t j = 0; j < rows * G; j++)
+        inv[j] = softmax_row(s + j * ss, start + r0 + j / G + 1);
+    const mix_fn mix = G == 1 && D % 64 == 0 ? mix1_8 : MIXES[G];
+    for (int64_t t0 = 0; t0 < start + r0 + rows; t0 += BS) {
+        const float *vals = v_pool + (sq->blocks[t0 / BS] * KV + kv) * BS * D;
+        for (int64_t r = 0; r < rows; r++) {
+            const int64_t len = start + r0 + r + 1 - t0;
+            if (len > 0)
+                mix(s + r * G * ss + t0, ss, len < BS ? len : BS, vals, D, acc + r * G * D);
+        }
+    }
+    for (int64_t r = 0; r < rows; r++)
+        for (int g = 0; g < G; g++) {
+            const __m256 f = _mm256_set1_ps(inv[r * G + g]);
+            const float *a = acc + (r * G + g) * D;
+            float *o = out + (sq->row0 + r0 + r) * H * D + (h0 + g) * D;
+            for (int64_t d = 0; d < D; d += 8)
+                _mm256_storeu_ps(o + d, _mm256_mul_ps(_mm256_loadu_ps(a + d), f));
+        }
+    free(acc);
+    free(s);
+}
+
+/* Causal attention of every sequence's rows over its own paged keys and values (row r of a
+   sequence sees its positions 0 .. start + r); out [rows, H * D]. Tasks as in `attend` (a kv
+   head, a chunk of rows, a chunk of its query heads), for all sequences in one parallel loop. */
+void attend_paged(const float *q, int64_t q_stride, const float *k_pool, const float *v_pool,
+                  float *out, const Seq *seqs, int64_t S, int64_t H, int64_t KV, int64_t D,
+                  int64_t BS, float scale, int threads) {
+    const int64_t groups = H / KV;
+    int64_t count = 0, work = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        AttendTask *tasks = pass ? (AttendTask *)malloc((size_t)count * sizeof(AttendTask)) : NULL;
+        int64_t i = 0;
+        for (int64_t q = 0; q < S; q++) {
+            const int64_t n = seqs[q].n;
+            if (n <= 0) continue;
+            const int64_t wanted = (2 * threads + KV - 1) / KV;
+            const int64_t row_chunks = n < wanted ? n : wanted;
+            const int64_t rows_per = (n + row_chunks - 1) / row_chunks;
+            const int64_t per_task = n * KV >= 2 * threads ? 4 : 1;
+            const int64_t head_chunks = (groups + per_task - 1) / per_task;
+            if (!pass) work += n * H * (seqs[q].start + n) * D;
+            for (int64_t kv = 0; kv < KV; kv++)
+                for (int64_t rc = 0; rc < row_chunks; rc++)
+                    for (int64_t hc = 0; hc < head_chunks; hc++) {
+                        const int64_t r0 = rc * rows_per;
+                        const int64_t rows = n - r0 < rows_per ? n - r0 : rows_per;
+                        const int64_t g0 = hc * per_task;
+                        if (rows <= 0) continue;
+                        if (pass)
+                            tasks[i] = (AttendTask){q, kv, r0, rows, g0,
+                                                    groups - g0 < per_task ? (int)(groups - g0) : (int)per_task};
+                        i++;
+                    }
+        }
+        if (!pass) { count = i; continue; }
+#pragma omp parallel for num_threads(threads) schedule(dynamic) if (work >= (1 << 17))
+        for (int64_t t = 0; t < count; t++)
+            attend_paged_task(q, q_stride, k_pool, v_pool, out, seqs + tasks[t].seq, tasks + t,
+                              H, KV, D, BS, scale);
+        free(tasks);
+    }
+}
+
+/* `decode_layers` for a ragged batch: rows x [n, E] (in place) of S sequences, each with its
+   own positions and block table, through L layers whose k_cache / v_cache are block pools.
+   The matmuls see all n rows at once (the weights stream once for the whole batch); RoPE and
+   attention go per sequence. The same kernels in the same order as the per-op path. */
+void decode_layers_paged(float *x, int64_t n, const Seq *seqs, int64_t S, const Layer *layers,
+                         int64_t L, int64_t E, int64_t I, int64_t H, int64_t KV, int64_t D,
+                         int64_t BS, const float *rope, float eps, float scale, int packed_max,
+                         int threads) {
+    const int64_t Q = (H + 2 * KV) * D;
+    float *h = (float *)malloc((size_t)(n * E) * sizeof(float));
+    float *mid = (float *)malloc((size_t)(n * E) * sizeof(float));
+    float *qkv = (float *)malloc((size_t)(n * Q) * sizeof(float));
+    float *att = (float *)malloc((size_t)(n * H * D) * sizeof(float));
+    float *gu = (float *)malloc((size_t)(n * 2 * I) * sizeof(float));
+    float *act = (float *)malloc((size_t)(n * I) * sizeof(float));
+    for (int64_t l = 0; l < L; l++) {
+        const Layer *w = layers + l;
+        rms_norm(x, w->attn_norm, h, n, E, eps);
+        matrix_apply(&w->qkv, h, qkv, NULL, n, Q, E, packed_max, threads);
+        if (w->bqkv)
+            for (int64_t i = 0; i < n * Q; i++) qkv[i] += w->bqkv[i % Q];
+        rope_store_paged(qkv, rope, seqs, S, H, KV, D, w->k_cache, w->v_cache, BS);
+        attend_paged(qkv, Q, w->k_cache, w->v_cache, att, seqs, S, H, KV, D, BS, scale, threads);
+        matrix_apply(&w->o, att, mid, x, n, E, H * D, packed_max, threads);
+        rms_norm(mid, w->mlp_norm, h, n, E, eps);
+        matrix_apply(&w->gate_up, h, gu, NULL, n, 2 * I, E, packed_max, threads);
+        silu_mul(gu, act, n, I);
+        matrix_apply(&w->down, act, x, mid, n, E, I, packed_max, threads);
+    }
+    free(act); free(gu); free(att); free(qkv); free(mid); free(h);
+}

@@ -1,11 +1,11 @@
 """Drafters for speculative decoding, one file each: n-gram prompt lookup, suffix automaton,
 and a small draft model (imported lazily; it needs the model code)."""
 
-from .base import Draft, Proposer, ProposerState
+from .base import Draft, DraftSampling, Proposer, ProposerState
 from .ngram import NgramProposer
 from .suffix import SuffixProposer
 
-__all__ = ["Draft", "Proposer", "ProposerState", "NgramProposer", "SuffixProposer", "DraftModelProposer"]
+__all__ = ["Draft", "DraftSampling", "Proposer", "ProposerState", "NgramProposer", "SuffixProposer", "DraftModelProposer"]
 
 
 def __getattr__(name: str):

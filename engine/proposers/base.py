@@ -39,14 +39,37 @@ class ProposerState(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class DraftSampling:
+    """How a request samples, for drafters that sample their drafts (model drafters); lookup
+    drafters ignore it."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    generator: torch.Generator | None = None
+
+
 @runtime_checkable
 class Proposer(Protocol):
-    """A drafter; `begin` makes the per-request state, `remember` feeds a cross-request corpus."""
+    """A drafter; `begin` makes the per-request state, `remember` feeds a cross-request corpus.
+
+    What the engine needs to schedule drafts is part of the protocol: ``lookup`` and
+    `draft_cost` (so the engine never asks which class a drafter is)."""
 
     name: str
+    lookup: bool
+    """True: a proposal is a table lookup (microseconds) that reports `Draft.match_len`, so the
+    engine sees the draft before choosing k. False: every drafted token costs a model forward,
+    so k is chosen first, at `draft_cost` per token."""
 
-    def begin(self, prompt_ids: Sequence[int]) -> ProposerState:
-        """Start a request whose sequence so far is ``prompt_ids``."""
+    def begin(self, prompt_ids: Sequence[int], sampling: DraftSampling | None = None) -> ProposerState:
+        """Start a request whose sequence so far is ``prompt_ids``, sampled as ``sampling``
+        (None: greedy)."""
+        ...
+
+    def draft_cost(self) -> float:
+        """Seconds one drafted token costs (0.0 for lookups)."""
         ...
 
     def remember(self, token_ids: Sequence[int]) -> None:

@@ -8,13 +8,14 @@ that is still valid.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import torch
 
 from agentrt.kernels import probs_from_logits, sample
 
-from .base import Draft
+from .base import Draft, DraftSampling
 
 
 class DraftModelProposer:
@@ -26,16 +27,37 @@ class DraftModelProposer:
     """
 
     name = "draft"
+    lookup = False
 
     def __init__(self, model) -> None:
         self.model = model
         self.cached: list[int] = []
         """Tokens whose keys/values sit in the draft model's cache, at positions 0..len-1."""
+        self._cost: float | None = None
 
-    def begin(self, prompt_ids: Sequence[int], *, temperature: float = 0.0, top_k: int = 0,
-              top_p: float = 1.0, generator: torch.Generator | None = None) -> "DraftModelState":
-        """Start a request; sampling settings apply to this request's drafts."""
-        return DraftModelState(self, prompt_ids, temperature, top_k, top_p, generator)
+    def begin(self, prompt_ids: Sequence[int], sampling: DraftSampling | None = None) -> "DraftModelState":
+        """Start a request; ``sampling`` applies to this request's drafts (None: greedy)."""
+        s = sampling or DraftSampling()
+        return DraftModelState(self, prompt_ids, s.temperature, s.top_k, s.top_p, s.generator)
+
+    def draft_cost(self) -> float:
+        """Seconds of one single-token forward of the draft model (best of 5, measured once at
+        a short context; its cache is left for the next request to refill)."""
+        if self._cost is None:
+            best = float("inf")
+            with torch.inference_mode():
+                warm = torch.zeros(1, 64, dtype=torch.long, device=self.model.device)
+                self.model(warm, 0, "last")
+                token = torch.zeros(1, 1, dtype=torch.long, device=self.model.device)
+                for _ in range(5):
+                    start = time.perf_counter()
+                    self.model(token, 64, "last")
+                    if self.model.device.type == "cuda":
+                        torch.cuda.synchronize(self.model.device)
+                    best = min(best, time.perf_counter() - start)
+            self.cached.clear()
+            self._cost = best
+        return self._cost
 
     def remember(self, token_ids: Sequence[int]) -> None:
         """Ignored: a draft model has no corpus."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .base import Draft
+from .base import Draft, DraftSampling
 
 
 class NgramProposer:
@@ -17,6 +17,7 @@ class NgramProposer:
     """
 
     name = "ngram"
+    lookup = True
 
     def __init__(self, min_n: int = 1, max_n: int = 4) -> None:
         if not 1 <= min_n <= max_n:
@@ -24,7 +25,11 @@ class NgramProposer:
         self.min_n = min_n
         self.max_n = max_n
 
-    def begin(self, prompt_ids: Sequence[int]) -> "NgramState":
+    def draft_cost(self) -> float:
+        """A lookup costs microseconds: nothing worth modelling."""
+        return 0.0
+
+    def begin(self, prompt_ids: Sequence[int], sampling: DraftSampling | None = None) -> "NgramState":
         """Index the prompt of a new request."""
         return NgramState(self.min_n, self.max_n, prompt_ids)
 

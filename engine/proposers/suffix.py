@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 
-from .base import Draft
+from .base import Draft, DraftSampling
 from .ngram import continue_from
 
 NO_MATCH = (-1, 0)
@@ -185,6 +185,7 @@ class SuffixProposer:
     """
 
     name = "suffix"
+    lookup = True
 
     def __init__(
         self, max_depth: int = 32, max_corpus_tokens: int = 1 << 16, min_match: int = 1
@@ -204,7 +205,11 @@ class SuffixProposer:
         """Tokens currently held in the cross-request corpus."""
         return self.corpus.num_tokens
 
-    def begin(self, prompt_ids: Sequence[int]) -> "SuffixState":
+    def draft_cost(self) -> float:
+        """A lookup costs microseconds: nothing worth modelling."""
+        return 0.0
+
+    def begin(self, prompt_ids: Sequence[int], sampling: DraftSampling | None = None) -> "SuffixState":
         """Index the prompt of a new request."""
         return SuffixState(self, prompt_ids)
 

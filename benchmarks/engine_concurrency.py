@@ -1,0 +1,394 @@
+"""Engine benchmark under concurrency: many requests at once on one engine.
+
+    python -m benchmarks.run engine --concurrency 1,2,4,8,16 [--systems plain,suffix,vllm,...]
+                                    [--max-tokens 64] [--sets agent_code,chat,copy_heavy]
+
+For each system, the first max(c) prompts (taken in turn from the sets) first run alone one after
+another (the c=1 row and the reference outputs); then, for each concurrency c > 1, c of them start
+together on one engine. The table gives the aggregate decode throughput (output tokens after each
+request's first / the span from the first request's first token to the last one's last; for c=1
+the sum of the solo decode times) and the aggregate throughput (all output tokens / wall time,
+prefill included), each with its ratio to the same prompts one at a time, the mean per-request latency and time to the
+first token, and how many outputs equal the same prompt's output at concurrency 1 (greedy). The
+native systems then run three prefix / priority scenarios:
+
+- *multi-turn*: a ~1K-token first turn, then a second turn that extends it: prompt tokens
+  prefilled and time to first token, with the prefix cache and without;
+- *sub-queries*: 16 requests sharing a ~1K-token instruction prefix: tokens prefilled in all,
+  wall time, with and without the prefix cache;
+- *root + 8 sub-queries*: a root request's decode rate alone, then with 8 sub-queries
+  (priority 1, the shared 1K prefix) launched once its first token arrived;
+- *agent*: an RLM-style task whose ``llm_query`` calls go to the same engine as the root
+  (public `Agent` API, sub-queries at priority 1), sequential vs speculative tools: wall time
+  and answers.
+
+vLLM systems (``vllm``, ``vllm-spec``, in the vLLM virtualenv) take part in the concurrency
+table; the scenarios use native-engine metrics and run on the native systems only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+NATIVE = ("plain", "ngram", "suffix", "draft")
+RULES = "\n".join(f"Rule {i}: when the input mentions item {i}, answer with the code word "
+                  f"alpha-{i * 7 % 13} and nothing else." for i in range(40))
+
+
+@dataclass
+class Request:
+    """One streamed request's timings and output."""
+
+    prompt_id: str
+    tokens: int = 0
+    ttft_s: float = 0.0
+    total_s: float = 0.0
+    decode_s: float = 0.0
+    first_at: float = 0.0
+    """perf_counter() of the first output delta (and of the last one, below)."""
+    last_at: float = 0.0
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    metrics: dict | None = None
+
+
+async def stream_one(engine, prompt_id: str, messages: list[dict], params,
+                     first_token: asyncio.Event | None = None) -> Request:
+    """Run one request to its end on ``engine``, timing its stream."""
+    out = Request(prompt_id)
+    start = time.perf_counter()
+    first = last = None
+    final = None
+    async with contextlib.aclosing(engine.stream(messages, params)) as deltas:
+        async for delta in deltas:
+            now = time.perf_counter()
+            if delta.text or delta.token_ids:
+                out.text += delta.text
+                out.token_ids.extend(delta.token_ids)
+                if first is None:
+                    first = now
+                    if first_token is not None:
+                        first_token.set()
+                last = now
+            if delta.finish_reason is not None:
+                final = delta
+    end = time.perf_counter()
+    first, last = first or end, last or end
+    out.tokens = final.usage.completion_tokens if final is not None and final.usage else len(out.token_ids)
+    out.ttft_s, out.total_s, out.decode_s = first - start, end - start, last - first
+    out.first_at, out.last_at = first, last
+    if final is not None and final.metrics is not None:
+        out.metrics = final.metrics.to_dict()
+    return out
+
+
+async def run_level(engine, prompts: list[tuple[str, list[dict]]], concurrency: int,
+                    max_tokens: int) -> dict[str, Any]:
+    """``concurrency`` requests at once; aggregate and per-request figures."""
+    from agentrt.engine import SamplingParams
+
+    params = SamplingParams(max_tokens=max_tokens)
+    chosen = [prompts[i % len(prompts)] for i in range(concurrency)]
+    start = time.perf_counter()
+    results = await asyncio.gather(*[stream_one(engine, pid, m, params) for pid, m in chosen])
+    wall = time.perf_counter() - start
+    tokens = sum(r.tokens for r in results)
+    window = max(r.last_at for r in results) - min(r.first_at for r in results)
+    return {
+        "concurrency": concurrency,
+        "wall_s": wall,
+        "tokens": tokens,
+        "aggregate_tok_s": tokens / wall if wall > 0 else 0.0,
+        "decode_window_s": window,
+        "aggregate_decode_tok_s": sum(max(r.tokens - 1, 0) for r in results) / window if window > 0 else 0.0,
+        "mean_latency_s": statistics.mean(r.total_s for r in results),
+        "mean_ttft_s": statistics.mean(r.ttft_s for r in results),
+        "mean_request_decode_tok_s": statistics.mean(
+            max(r.tokens - 1, 0) / r.decode_s for r in results if r.decode_s > 0) if any(
+            r.decode_s > 0 for r in results) else 0.0,
+        "requests": [asdict(r) | {"metrics": None} for r in results],
+    }
+
+
+async def run_solo(engine, prompts: list[tuple[str, list[dict]]], max_tokens: int) -> dict[str, Any]:
+    """Each prompt alone, one after another: the concurrency-1 row (and every prompt's solo
+    output, which the other rows are compared with)."""
+    levels = [await run_level(engine, [p], 1, max_tokens) for p in prompts]
+    wall = sum(lv["wall_s"] for lv in levels)
+    tokens = sum(lv["tokens"] for lv in levels)
+    requests = [r for lv in levels for r in lv["requests"]]
+    window = sum(r["decode_s"] for r in requests)
+    return {
+        "concurrency": 1, "wall_s": wall, "tokens": tokens,
+        "aggregate_tok_s": tokens / wall if wall > 0 else 0.0,
+        "decode_window_s": window,
+        "aggregate_decode_tok_s": sum(max(r["tokens"] - 1, 0) for r in requests) / window if window > 0 else 0.0,
+        "mean_latency_s": statistics.mean(r["total_s"] for r in requests),
+        "mean_ttft_s": statistics.mean(r["ttft_s"] for r in requests),
+        "mean_request_decode_tok_s": statistics.mean(lv["mean_request_decode_tok_s"] for lv in levels),
+        "requests": requests,
+    }
+
+
+async def multi_turn(engine_factory, max_tokens: int) -> dict[str, Any]:
+    """Second turn of a ~1K-token conversation with and without the prefix cache."""
+    from agentrt.engine import SamplingParams
+
+    first = [{"role": "user", "content": RULES + "\nWhich code word goes with item 3?"}]
+    out: dict[str, Any] = {}
+    for cached in (True, False):
+        engine = engine_factory(prefix_cache=cached)
+        try:
+            one = await stream_one(engine, "turn-1", first, SamplingParams(max_tokens=max_tokens))
+            second = first + [{"role": "assistant", "content": one.text},
+                              {"role": "user", "content": "And item 5?"}]
+            two = await stream_one(engine, "turn-2", second, SamplingParams(max_tokens=max_tokens))
+            out["cache" if cached else "no_cache"] = {
+                "prompt_tokens": len(engine.tokenizer.encode_chat(second)),
+                "prefilled_tokens": two.metrics["prefill_tokens"],
+                "cached_tokens": two.metrics["cached_tokens"],
+                "ttft_s": two.ttft_s, "text": two.text}
+        finally:
+            await engine.aclose()
+    out["same_output"] = out["cache"]["text"] == out["no_cache"]["text"]
+    return out
+
+
+def _subqueries(n: int) -> list[list[dict]]:
+    return [[{"role": "system", "content": RULES},
+             {"role": "user", "content": f"Item {i}: which code word?"}] for i in range(n)]
+
+
+async def shared_prefix(engine_factory, max_tokens: int) -> dict[str, Any]:
+    """16 sub-queries sharing a ~1K-token prefix, with and without the prefix cache."""
+    from agentrt.engine import SamplingParams
+
+    queries = _subqueries(16)
+    out: dict[str, Any] = {}
+    for cached in (True, False):
+        engine = engine_factory(prefix_cache=cached)
+        try:
+            before = engine.batch_metrics().prefill_tokens
+            start = time.perf_counter()
+            results = await asyncio.gather(*[stream_one(engine, f"sub-{i}", q, SamplingParams(
+                max_tokens=max_tokens)) for i, q in enumerate(queries)])
+            out["cache" if cached else "no_cache"] = {
+                "prompt_tokens": sum(len(engine.tokenizer.encode_chat(q)) for q in queries),
+                "prefilled_tokens": engine.batch_metrics().prefill_tokens - before,
+                "wall_s": time.perf_counter() - start,
+                "texts": [r.text for r in results]}
+        finally:
+            await engine.aclose()
+    out["same_output"] = out["cache"]["texts"] == out["no_cache"]["texts"]
+    return out
+
+
+async def root_with_subqueries(engine, root: list[dict], max_tokens: int,
+                               subqueries: int = 8) -> dict[str, Any]:
+    """The root's decode rate alone, then with ``subqueries`` less urgent requests in flight."""
+    from agentrt.engine import SamplingParams
+
+    params = SamplingParams(max_tokens=max_tokens, priority=0)
+    alone = await stream_one(engine, "root", root, params)
+    started = asyncio.Event()
+    root_task = asyncio.create_task(stream_one(engine, "root", root, params, started))
+    await started.wait()
+    subs = [asyncio.create_task(stream_one(engine, f"sub-{i}", q, SamplingParams(
+        max_tokens=max_tokens, priority=1))) for i, q in enumerate(_subqueries(subqueries))]
+    busy = await root_task
+    sub_results = await asyncio.gather(*subs)
+
+    def rate(r: Request) -> float:
+        return max(r.tokens - 1, 0) / r.decode_s if r.decode_s > 0 else 0.0
+
+    return {"alone_tok_s": rate(alone), "with_subqueries_tok_s": rate(busy),
+            "ratio": rate(busy) / rate(alone) if rate(alone) else 0.0,
+            "same_output": busy.text == alone.text,
+            "subqueries_done": sum(r.tokens > 0 for r in sub_results)}
+
+
+def run(args, plan, path, build_system) -> int:
+    """The concurrency suite (``--concurrency``); writes results like the main benchmark."""
+    from . import engine_bench as eb
+
+    levels = sorted({int(c) for c in args.concurrency.split(",") if c.strip()})
+    if not levels or levels[0] < 1:
+        print("engine bench: --concurrency needs positive integers, e.g. 1,2,4,8,16", file=sys.stderr)
+        return 2
+    systems = [s for s in plan.systems if s in (*NATIVE, *eb.VLLM_SYSTEMS)]
+    prompts = [(f"{name}/{row['id']}", row["messages"]) for name, row in
+               eb.load_prompts(plan.sets, args.limit)]
+    loop = asyncio.new_event_loop()
+    results: dict[str, Any] = {"levels": {}, "scenarios": {}}
+    try:
+        for system in systems:
+            runner = build_system(system, plan, args, path, loop)
+            engine = runner.engine
+            try:
+                loop.run_until_complete(run_level(engine, prompts[:1], 1, 8))  # warm-up
+                table = [loop.run_until_complete(run_solo(engine, prompts[:max(levels)],
+                                                          args.max_tokens))]
+                for c in levels:
+                    level = table[0] if c == 1 else loop.run_until_complete(
+                        run_level(engine, prompts, c, args.max_tokens))
+                    if c != 1:
+                        table.append(level)
+                    print(f"{system:10s} c={c:2d} {level['aggregate_decode_tok_s']:7.1f} decode tok/s "
+                          f"latency {level['mean_latency_s']:6.2f}s", file=sys.stderr)
+                solo = {r["prompt_id"]: r for r in table[0]["requests"]}
+                table = [lv for lv in table if lv["concurrency"] in levels]
+                for level in table:
+                    mine = level["requests"]
+                    level["same_as_solo"] = (
+                        f"{sum(r['text'] == solo[r['prompt_id']]['text'] for r in mine)}/{len(mine)}")
+                    # one request at a time on the same prompts: their tokens over their solo time
+                    alone = [solo[r["prompt_id"]] for r in mine]
+                    alone_rate = sum(a["tokens"] for a in alone) / sum(a["total_s"] for a in alone)
+                    alone_decode = (sum(max(a["tokens"] - 1, 0) for a in alone)
+                                    / sum(a["decode_s"] for a in alone))
+                    level["x_one"] = level["aggregate_tok_s"] / alone_rate
+                    level["decode_x_one"] = level["aggregate_decode_tok_s"] / alone_decode
+                results["levels"][system] = table
+                if system in NATIVE:
+                    results["levels"][system + ":batch"] = engine.batch_metrics().to_dict() | {
+                        "timeline": None}
+                    root = prompts[0][1]
+                    results["scenarios"][system] = {
+                        "root_with_8_subqueries": loop.run_until_complete(
+                            root_with_subqueries(engine, root, args.max_tokens))}
+            finally:
+                loop.run_until_complete(engine.aclose())
+            if system == next(s for s in systems if s in NATIVE):  # prefix scenarios: once
+                def factory(prefix_cache: bool, system=system):
+                    return build_system(system, plan, args, path, loop,
+                                        extra={"prefix_cache": prefix_cache}).engine
+                scen = results["scenarios"][system]
+                scen["multi_turn"] = loop.run_until_complete(multi_turn(factory, args.max_tokens))
+                scen["shared_prefix_16"] = loop.run_until_complete(
+                    shared_prefix(factory, min(args.max_tokens, 16)))
+                scen["agent_rlm"] = loop.run_until_complete(agent_run(lambda: factory(True)))
+    finally:
+        with contextlib.suppress(Exception):
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()
+    meta = {"time": time.strftime("%Y-%m-%d %H:%M:%S"), "model": args.model, "dtype": args.dtype,
+            "threads": args.threads, "max_tokens": args.max_tokens, "levels": levels,
+            "systems": systems, "sets": plan.sets}
+    md = markdown(results, meta)
+    print(md)
+    eb._write({"meta": meta, "results": results}, md, args)
+    return 0
+
+
+def markdown(results: dict, meta: dict) -> str:
+    lines = [f"# Engine benchmark under concurrency ({meta['time']})", "",
+             f"model `{meta['model']}` {meta['dtype']}, torch threads {meta['threads']}, "
+             f"max_tokens {meta['max_tokens']}, greedy; sets {', '.join(meta['sets'])}.", "",
+             "| system | c | aggregate decode tok/s | x one request | aggregate tok/s (with prefill) "
+             "| x one request | mean latency s | mean TTFT s | per-request decode tok/s | same as c=1 |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for system, table in results["levels"].items():
+        if system.endswith(":batch"):
+            continue
+        for lv in table:
+            lines.append(f"| {system} | {lv['concurrency']} | {lv['aggregate_decode_tok_s']:.1f} | "
+                         f"{lv['decode_x_one']:.2f} | {lv['aggregate_tok_s']:.1f} | "
+                         f"{lv['x_one']:.2f} | {lv['mean_latency_s']:.2f} | {lv['mean_ttft_s']:.2f} | "
+                         f"{lv['mean_request_decode_tok_s']:.1f} | {lv['same_as_solo']} |")
+    lines.append("")
+    for system, scen in results["scenarios"].items():
+        lines += [f"## {system}: prefixes and priority", ""]
+        r = scen.get("root_with_8_subqueries")
+        if r:
+            lines.append(f"- root decode alone {r['alone_tok_s']:.1f} tok/s, with 8 sub-queries in "
+                         f"flight {r['with_subqueries_tok_s']:.1f} tok/s: **{r['ratio']:.2f}x** "
+                         f"(same output: {r['same_output']})")
+        m = scen.get("multi_turn")
+        if m:
+            c, n = m["cache"], m["no_cache"]
+            lines.append(f"- second turn of {c['prompt_tokens']} tokens: prefilled {c['prefilled_tokens']} "
+                         f"(cached {c['cached_tokens']}), TTFT {c['ttft_s']:.2f}s; without the "
+                         f"prefix cache {n['prefilled_tokens']}, TTFT {n['ttft_s']:.2f}s "
+                         f"(same output: {m['same_output']})")
+        s = scen.get("shared_prefix_16")
+        if s:
+            c, n = s["cache"], s["no_cache"]
+            lines.append(f"- 16 sub-queries, {c['prompt_tokens']} prompt tokens in all: prefilled "
+                         f"{c['prefilled_tokens']} in {c['wall_s']:.2f}s; without the prefix cache "
+                         f"{n['prefilled_tokens']} in {n['wall_s']:.2f}s (same outputs: {s['same_output']})")
+        a = scen.get("agent_rlm")
+        if a:
+            q, p = a["sequential"], a["speculative"]
+            lines.append(f"- agent (RLM task, `llm_query` on the same engine at priority 1): "
+                         f"sequential tools {q['wall_s']:.2f}s, speculative {p['wall_s']:.2f}s "
+                         f"(**{a['speedup']:.2f}x**), tool calls {q['tool_calls']} / {p['tool_calls']}, "
+                         f"early hits {p['early_hits']}, same answer: {a['same_answer']} "
+                         f"({p['answer'][:80]})")
+        lines.append("")
+    for system, table in results["levels"].items():
+        if system.endswith(":batch"):
+            lines.append(f"- `{system[:-6]}` batching: mean batch {table['mean_batch']:.1f}, max "
+                         f"{table['max_batch']}, mean queue wait {table['mean_queue_s']:.3f}s, "
+                         f"prefix-cache hit tokens {table['cached_tokens']}, preemptions "
+                         f"{table['preemptions']}")
+    lines.append("")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------- agent-level run
+
+AGENT_SYSTEM = (
+    "You are a Python agent. Answer with one ```repl code block that uses the list `context` "
+    "and the tool `llm_query(prompt)`, which asks a language model one question and returns its "
+    "reply, and ends with FINAL(answer).")
+AGENT_EXAMPLE = [
+    {"role": "user", "content": "Which reviews in context are positive?"},
+    {"role": "assistant", "content": (
+        "```repl\nanswers = [llm_query('Is this review positive? Answer yes or no. ' + review) "
+        "for review in context]\nprint(answers)\nFINAL(answers)\n```")},
+]
+AGENT_TASK = "Which reviews in context are negative?"
+AGENT_CONTEXT = [
+    "Great battery life and a sharp screen, would buy again.",
+    "Stopped working after two days.",
+    "Decent value for the price, although the speakers are quiet and the case feels cheap.",
+    "Fine.",
+    "The keyboard is comfortable and the trackpad is accurate, but it runs hot under load.",
+    "Arrived late and the box was damaged, yet the laptop itself works perfectly well.",
+]
+
+
+async def agent_run(engine_factory) -> dict[str, Any]:
+    """An RLM-style task whose ``llm_query`` calls are served by the same `NativeEngine` as the
+    root (sub-queries at priority 1): tools run when their block is complete, then with the
+    shadow interpreter starting them while the root's reply still streams."""
+    from agentrt import Agent
+    from agentrt.engine import SamplingParams
+
+    out: dict[str, Any] = {}
+    for speculative in (False, True):
+        engine = engine_factory()
+        try:
+            await stream_one(engine, "warm", [{"role": "user", "content": "Hi"}],
+                             SamplingParams(max_tokens=2))
+            agent = Agent(engine, speculation=speculative, max_turns=2, system_prompt=AGENT_SYSTEM,
+                          examples=AGENT_EXAMPLE, sampling=SamplingParams(max_tokens=160),
+                          sub_sampling=SamplingParams(max_tokens=24, priority=1))
+            start = time.perf_counter()
+            result = await agent.run(AGENT_TASK, AGENT_CONTEXT)
+            wall = time.perf_counter() - start
+            out["speculative" if speculative else "sequential"] = {
+                "wall_s": wall, "status": result.status, "answer": repr(result.answer)[:300],
+                "tool_calls": sum(result.stats.tool_calls.values()), "early_hits": result.stats.hits,
+                "mean_batch": engine.batch_metrics().mean_batch}
+        finally:
+            await engine.aclose()
+    out["same_answer"] = out["sequential"]["answer"] == out["speculative"]["answer"]
+    out["speedup"] = out["sequential"]["wall_s"] / out["speculative"]["wall_s"]
+    return out

@@ -1,0 +1,303 @@
+"""Continuous batching in the native engine, on the real SmolLM2-135M (bf16, CPU kernels):
+the ragged-batch forward against the single-sequence one bit for bit, the paged KV pool and its
+prefix index, and every request's output in a batch against the same request run alone."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+import torch
+
+from agentrt.engine import EngineError, NativeEngine, SamplingParams, complete, models
+from agentrt.engine.kv_cache import KVPool
+from agentrt.engine.llama import LlamaConfig, SeqRows, Transformer
+from agentrt.engine.native import common_prefix, plan_draft_lengths
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+pytestmark = pytest.mark.anyio
+
+PROMPTS = [[{"role": "user", "content": c}] for c in (
+    "Write a Python function that adds two numbers.",
+    "Name three colours of the rainbow.",
+    "Count from one to ten in words, separated by commas.",
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "List the first five prime numbers.",
+    "Explain what a variable is in one sentence.",
+    "Say hello in French and in Spanish.",
+)]
+RULES = "\n".join(f"Rule {i}: when the input mentions item {i}, answer with the code word "
+                  f"alpha-{i * 7 % 13} and nothing else." for i in range(40))
+
+
+@pytest.fixture(scope="module")
+def anyio_backend():
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+def plain():
+    models.ensure("smollm2-135m", "bf16")
+    eng = NativeEngine(speculation=None, max_seq_len=2048)
+    yield eng
+    eng.close()
+
+
+@pytest.fixture(scope="module")
+def spec():
+    eng = NativeEngine(speculation="suffix", max_seq_len=2048)
+    yield eng
+    eng.close()
+
+
+def _kernels_or_skip(model: Transformer) -> None:
+    if model.ops is None or model.matmul.ops is None:
+        pytest.skip("no AVX2 / C compiler here: the torch path is in use")
+
+
+# ------------------------------------------------------------------------ the forward
+
+def _ragged_steps(model: Transformer, ids: torch.Tensor, pool: KVPool) -> list[torch.Tensor]:
+    """Three sequences through ragged steps (prefill chunks of different sizes next to
+    single-token and 5-row steps of the others), in scattered blocks; logits per sequence."""
+    tables = [torch.tensor(t, dtype=torch.int32) for t in ([5, 0, 9], [2, 7, 1], [3, 8, 4])]
+    cuts = [[0, 50, 51, 56, 90], [0, 1, 2, 70, 90], [0, 33, 34, 35, 90]]
+    out: list[list[torch.Tensor]] = [[], [], []]
+    with torch.inference_mode():
+        for step in range(4):
+            seqs, tokens = [], []
+            for i in range(3):
+                a, b = cuts[i][step], cuts[i][step + 1]
+                seqs.append(SeqRows(a, b - a, tables[i]))
+                tokens.append(ids[i, a:b])
+            logits = model.forward_batch(torch.cat(tokens), seqs, pool)
+            row = 0
+            for i, s in enumerate(seqs):
+                out[i].append(logits[row:row + s.n])
+                row += s.n
+    return [torch.cat(o) for o in out]
+
+
+def _qwen_like() -> Transformer:
+    cfg = LlamaConfig(vocab_size=300, hidden_size=128, intermediate_size=256, num_layers=3,
+                      num_heads=4, num_kv_heads=2, head_dim=32, attention_bias=True)
+    model = Transformer(cfg, torch.bfloat16, max_seq_len=128)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.05, generator=torch.Generator().manual_seed(p.numel()))
+    model.refresh_weights()
+    return model
+
+
+def test_ragged_batch_equals_each_sequence_alone_bit_for_bit():
+    path = models.ensure("smollm2-135m", "bf16")
+    for model in (Transformer.from_pretrained(path, "bf16", max_seq_len=128), _qwen_like()):
+        _kernels_or_skip(model)
+        cfg = model.cfg
+        ids = torch.randint(0, model.vocab_size, (3, 90), generator=torch.Generator().manual_seed(3))
+        alone = []
+        with torch.inference_mode():
+            for i in range(3):  # the single-sequence path, steps of <= 32 rows
+                cuts = [0, 30, 60, 61, 90]
+                alone.append(torch.cat([model(ids[i:i + 1, a:b], a)[0]
+                                        for a, b in zip(cuts, cuts[1:])]))
+        pool = KVPool(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, 10, 32)
+        fused = _ragged_steps(model, ids, pool)
+        model.fused_layers = False
+        per_op = _ragged_steps(model, ids, KVPool(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, 10, 32))
+        model.fused_layers = True
+        for i in range(3):
+            assert torch.equal(fused[i], per_op[i]), "one C call must equal one call per op"
+            assert torch.equal(fused[i], alone[i]), "batching must not change a bit"
+
+
+def test_torch_path_matches_the_kernels():
+    path = models.ensure("smollm2-135m", "bf16")
+    fast = Transformer.from_pretrained(path, "bf16", max_seq_len=128)
+    _kernels_or_skip(fast)
+    slow = Transformer.from_pretrained(path, "bf16", max_seq_len=128, cpu_kernel=False)
+    cfg = fast.cfg
+    ids = torch.randint(0, fast.vocab_size, (3, 90), generator=torch.Generator().manual_seed(4))
+    a = _ragged_steps(fast, ids, KVPool(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, 10, 32))
+    b = _ragged_steps(slow, ids, KVPool(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, 10, 32))
+    for x, y in zip(a, b):
+        assert (x - y).abs().max() < 2e-2 * y.abs().max()
+        assert (x.argmax(-1) == y.argmax(-1)).float().mean() >= 0.8
+
+
+# ----------------------------------------------------------------------- the KV pool
+
+def test_pool_prefix_index_sharing_and_lru_eviction():
+    pool = KVPool(num_layers=1, kv_heads=1, head_dim=8, num_blocks=4, block_size=4)
+    a = [pool.allocate() for _ in range(3)]
+    tokens = list(range(10))
+    chain = pool.register(a[0], KVPool.ROOT, tokens[0:4])
+    chain = pool.register(a[1], chain, tokens[4:8])
+    pool.register_partial(a[2], chain, tokens[8:10])
+    blocks, _, partial, n = pool.match(tokens + [99], limit=10)
+    assert blocks == a[:2] and partial == a[2] and n == 2
+    blocks, _, partial, n = pool.match([0, 1, 2, 3, 4, 5, 9, 9], limit=7)  # diverges in block 2
+    assert blocks == a[:1] and partial == a[1] and n == 2
+    pool.release(a)
+    assert pool.available() == 4 and pool.cached_blocks() == 3
+    pool.take(a[:2])  # a later request shares the first two blocks
+    assert pool.available() == 2
+    fresh = [pool.allocate(), pool.allocate()]  # the free block, then the LRU unused one
+    assert a[2] in fresh and pool.evictions == 1 and pool.allocate() is None
+    assert pool.match(tokens + [99], limit=10)[2] is None  # the evicted leaf is gone
+    assert pool.match(tokens, limit=10)[0] == a[:2]
+
+
+def test_plan_draft_lengths_drafts_less_as_rows_get_dearer():
+    chains = [[0.9, 0.8, 0.6, 0.3], [0.5, 0.2]]
+    flat = plan_draft_lengths(chains, 2, 2, lambda rows: 1.0 + 0.01 * rows)
+    steep = plan_draft_lengths(chains, 2, 2, lambda rows: float(rows))
+    assert flat == [4, 2] and steep == [0, 0]
+    assert plan_draft_lengths(chains, 2, 2, lambda rows: 1.0 + 0.3 * rows) == [3, 0]
+
+
+# ------------------------------------------------------------------ engine: identity
+
+async def _solo(engine, prompts, params):
+    return [await complete(engine, m, params) for m in prompts]
+
+
+@pytest.mark.parametrize("concurrency", [2, 4, 8])
+async def test_batched_greedy_equals_solo_plain(plain, spec, concurrency):
+    params = SamplingParams(max_tokens=12)
+    prompts = PROMPTS[:concurrency]
+    solo = await _solo(plain, prompts, params)
+    for engine in (plain, spec):
+        together = await asyncio.gather(*[complete(engine, m, params) for m in prompts])
+        assert [c.token_ids for c in together] == [s.token_ids for s in solo]
+        assert [c.text for c in together] == [s.text for s in solo]
+    assert plain.batch_metrics().max_batch >= concurrency
+
+
+async def test_batched_seeded_sampling_equals_solo(plain, spec):
+    prompts = PROMPTS[:4]
+    params = [SamplingParams(max_tokens=12, temperature=0.8, top_p=0.95, seed=10 + i) for i in range(4)]
+    solo = [await complete(plain, m, p) for m, p in zip(prompts, params)]
+    for engine in (plain, spec):
+        together = await asyncio.gather(*[complete(engine, m, p) for m, p in zip(prompts, params)])
+        assert [c.token_ids for c in together] == [s.token_ids for s in solo]
+
+
+async def test_staggered_arrivals_stop_strings_and_cancellation(plain):
+    params = SamplingParams(max_tokens=16)
+    solo = await _solo(plain, PROMPTS[:3], params)
+    stop = solo[2].text[3:6]
+    stopped_solo = await complete(plain, PROMPTS[2], SamplingParams(max_tokens=16, stop=(stop,)))
+
+    async def late(i, delay, p=params):
+        await asyncio.sleep(delay)
+        return await complete(plain, PROMPTS[i], p)
+
+    async def cancelled():
+        async for _ in plain.stream(PROMPTS[4], SamplingParams(max_tokens=400)):
+            await asyncio.sleep(0)
+
+    victim = asyncio.create_task(cancelled())
+    results = await asyncio.gather(late(0, 0), late(1, 0.3), late(2, 0.6, SamplingParams(max_tokens=16, stop=(stop,))))
+    victim.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await victim
+    assert results[0].token_ids == solo[0].token_ids and results[1].token_ids == solo[1].token_ids
+    assert results[2].text == stopped_solo.text and stop not in results[2].text
+
+
+# ------------------------------------------------------------------ engine: prefixes
+
+async def test_second_turn_prefills_only_new_tokens(plain):
+    first = [{"role": "user", "content": RULES + "\nWhich code word goes with item 3?"}]
+    one = await complete(plain, first, SamplingParams(max_tokens=16))
+    second = first + [{"role": "assistant", "content": one.text},
+                      {"role": "user", "content": "And item 5?"}]
+    two = await complete(plain, second, SamplingParams(max_tokens=8))
+    prompt1 = plain.tokenizer.encode_chat(first)
+    prompt2 = plain.tokenizer.encode_chat(second)
+    assert len(prompt1) > 900
+    # the first turn's cache holds its prompt and every output token fed back (the last one
+    # sampled at max_tokens never was)
+    fed = one.token_ids[:-1] if one.finish_reason == "length" else one.token_ids
+    shared = common_prefix(prompt2, prompt1 + fed)
+    assert two.metrics.cached_tokens == min(shared, len(prompt2) - 1) > 900
+    assert two.metrics.prefill_tokens == len(prompt2) - two.metrics.cached_tokens
+    fresh = NativeEngine(speculation=None, max_seq_len=2048, prefix_cache=False)
+    try:
+        assert (await complete(fresh, second, SamplingParams(max_tokens=8))).token_ids == two.token_ids
+    finally:
+        await fresh.aclose()
+
+
+async def test_sixteen_subqueries_prefill_the_shared_prefix_once(plain):
+    queries = [[{"role": "system", "content": RULES},
+                {"role": "user", "content": f"Item {i}: which code word?"}] for i in range(16)]
+    prompts = [plain.tokenizer.encode_chat(q) for q in queries]
+    shared = min(common_prefix(prompts[0], p) for p in prompts[1:])
+    assert shared > 900
+    before = plain.batch_metrics()
+    params = SamplingParams(max_tokens=4)
+    outs = await asyncio.gather(*[complete(plain, q, params) for q in queries])
+    after = plain.batch_metrics()
+    prefilled = after.prefill_tokens - before.prefill_tokens
+    own = sum(len(p) - shared for p in prompts)
+    # the shared part once (its last partly filled block once per request at most)
+    assert prefilled <= shared + own + 16 * plain.pool.block_size
+    assert after.max_batch >= 8
+    alone = await complete(plain, queries[5], params)
+    assert outs[5].token_ids == alone.token_ids
+
+
+# --------------------------------------------------------------- engine: KV budget
+
+async def test_small_budget_queues_and_preempts_without_changing_outputs():
+    per_token = KVPool.bytes_per_token(30, 3, 64)
+    eng = NativeEngine(speculation=None, max_seq_len=1024, kv_cache_bytes=per_token * 64 * 4,
+                       block_size=64)
+    try:
+        params = SamplingParams(max_tokens=40)
+        prompts = PROMPTS[:5]
+        solo = await _solo(eng, prompts, params)
+        together = await asyncio.gather(*[complete(eng, m, params) for m in prompts])
+        assert [c.token_ids for c in together] == [s.token_ids for s in solo]
+        stats = eng.batch_metrics()
+        assert stats.preemptions > 0 or stats.mean_queue_s > 0
+        with pytest.raises(EngineError, match="whole budget"):
+            await complete(eng, [{"role": "user", "content": "word " * 400}], params)
+        ok = await complete(eng, PROMPTS[0], params)
+        assert ok.token_ids == solo[0].token_ids
+    finally:
+        await eng.aclose()
+
+
+async def test_urgent_request_preempts_less_urgent_ones():
+    per_token = KVPool.bytes_per_token(30, 3, 64)
+    eng = NativeEngine(speculation=None, max_seq_len=1024, kv_cache_bytes=per_token * 64 * 3,
+                       block_size=64)
+    try:
+        long = SamplingParams(max_tokens=60, priority=1)
+        background = [asyncio.create_task(complete(eng, m, long)) for m in PROMPTS[:3]]
+        await asyncio.sleep(1.0)
+        root = await complete(eng, PROMPTS[3], SamplingParams(max_tokens=8, priority=-1))
+        rest = await asyncio.gather(*background)
+        alone = await complete(eng, PROMPTS[3], SamplingParams(max_tokens=8))
+        assert root.token_ids == alone.token_ids
+        assert root.metrics.queue_s < 1.0
+        assert all(r.finish_reason in ("stop", "length") for r in rest)
+        assert sum(r.metrics.preemptions for r in rest) + eng.batch_metrics().preemptions > 0
+    finally:
+        await eng.aclose()
+
+
+async def test_concurrency_benchmark_levels(plain):
+    from benchmarks.engine_concurrency import run_level, run_solo
+
+    prompts = [(f"p{i}", m) for i, m in enumerate(PROMPTS[:3])]
+    solo = await run_solo(plain, prompts, 6)
+    level = await run_level(plain, prompts, 3, 6)
+    assert solo["aggregate_decode_tok_s"] > 0 and level["aggregate_decode_tok_s"] > 0
+    assert [r["text"] for r in level["requests"]] == [r["text"] for r in solo["requests"]]
+    assert level["tokens"] == solo["tokens"] and level["mean_ttft_s"] > 0
