@@ -122,3 +122,95 @@ def test_pulled_model_decodes_identically_with_and_without_blocks():
     wrong = {name: PackedMatrix(m.kind, torch.roll(m.blocks, 1, dims=0), m.in_features)
              for name, m in blocks.items()}
     assert model.use_packed(wrong) == 0
+
+
+# ---- int8 activations against the blocks (`CpuOps.int8_linear`): not the float product, but
+# an exact arithmetic of its own, rebuilt here step by step in torch (see csrc/int8_ops.c)
+
+def quantize_reference(x: torch.Tensor):
+    """Per block of 32: scale max|x| / 127, codes round-half-even(x * (1 / scale)), and
+    scale * sum(codes), all in float32 as the kernel computes them."""
+    rows, width = x.shape
+    blocks = x.view(rows, width // 32, 32)
+    d = blocks.abs().amax(-1) / torch.full((rows, width // 32), 127.0)
+    inv = torch.where(d != 0, torch.ones_like(d) / d, torch.zeros_like(d))
+    q = torch.round(blocks * inv[..., None])
+    sx = d * q.sum(-1)
+    return q.to(torch.int8).view(rows, width), d, sx
+
+
+def int8_reference(x: torch.Tensor, matrix: PackedMatrix, residual=None) -> torch.Tensor:
+    """The kernel's output, float step by float step (integer sums are exact)."""
+    q, d, sx = quantize_reference(x)
+    rows, nb = d.shape
+    raw = matrix.blocks.view(matrix.out_features, nb, BLOCK_BYTES[matrix.kind]).long()
+    dw = matrix.blocks.view(matrix.out_features, nb, -1)[..., 0:2].contiguous().view(torch.float16)[..., 0].float()
+    if matrix.kind == "q4_1":
+        mw = matrix.blocks.view(matrix.out_features, nb, -1)[..., 2:4].contiguous().view(torch.float16)[..., 0].float()
+        codes = torch.cat([raw[..., 4:] & 0x0F, raw[..., 4:] >> 4], dim=-1)
+    else:
+        codes = matrix.blocks.view(matrix.out_features, nb, -1)[..., 2:].contiguous().view(torch.int8).long()
+    prods = codes[None] * q.view(rows, 1, nb, 32).long()            # [M, N, nb, 32]
+    lanes = prods.view(rows, matrix.out_features, nb, 8, 4).sum(-1).float()
+    acc = torch.zeros(rows, matrix.out_features, 8)
+    low = torch.zeros(rows, matrix.out_features)
+    for b in range(nb):
+        acc = acc + (dw[None, :, b] * d[:, None, b])[..., None] * lanes[:, :, b]
+        if matrix.kind == "q4_1":
+            low = low + mw[None, :, b] * sx[:, None, b]
+    a = acc.unbind(-1)
+    y = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]))
+    if matrix.kind == "q4_1":
+        y = y + low
+    return y if residual is None else y + residual
+
+
+def _ops():
+    from agentrt.engine.cpu_ops import cpu_ops
+
+    ops = cpu_ops()
+    if ops is None:
+        pytest.skip("no AVX2 / C compiler here")
+    return ops
+
+
+def test_quantized_activations_match_the_reference():
+    ops = _ops()
+    gen = torch.Generator().manual_seed(8)
+    x = torch.randn(5, 96, generator=gen) * torch.tensor([1e-3, 1.0, 30.0, 1.0, 5.0])[:, None]
+    x[1, 32:64] = 0.0                       # a block of zeros: scale 0, codes 0
+    x[2, :32] = torch.tensor([127.0, 2.5, -3.5, 0.5, -0.5, 1.5] + [0.25] * 26)  # ties to even
+    q, d, sx = ops.quantize_q8_rows(x)
+    want_q, want_d, want_sx = quantize_reference(x)
+    assert torch.equal(q, want_q) and torch.equal(d, want_d) and torch.equal(sx, want_sx)
+    assert q[2, :6].tolist() == [127, 2, -4, 0, 0, 2] and d[1, 1] == 0 and not q[1, 32:64].any()
+    assert q.abs().max() <= 127
+
+
+@pytest.mark.parametrize("kind", ["q4_1", "q8_0"])
+def test_int8_kernel_matches_its_reference_bit_for_bit(kind):
+    ops = _ops()
+    matrix = PackedMatrix(kind, random_blocks(kind, 40, 128, seed=9), 128)
+    dense = matrix.dequantize()
+    gen = torch.Generator().manual_seed(10)
+    for rows in (1, 2, 3, 5, 8, 9, 13, 32):
+        x = torch.randn(rows, 128, generator=gen)
+        residual = torch.randn(rows, 40, generator=gen)
+        got = ops.int8_linear(x, matrix)
+        assert torch.equal(got, int8_reference(x, matrix))
+        assert torch.equal(ops.int8_linear(x, matrix, residual), int8_reference(x, matrix, residual))
+        assert torch.equal(ops.q8_blocks_linear(*ops.quantize_q8_rows(x), matrix), got)
+        # each row alone gives the same result as in the batch
+        assert torch.equal(ops.int8_linear(x[-1:].clone(), matrix)[0], got[-1])
+        # and int8 activations stay close to the float product
+        exact = x @ dense.T
+        assert (got - exact).abs().max() < 0.02 * exact.abs().max()
+
+
+def test_int8_kernel_refuses_bad_shapes():
+    ops = _ops()
+    matrix = PackedMatrix("q4_1", random_blocks("q4_1", 4, 64), 64)
+    with pytest.raises(ValueError, match="float32 x"):
+        ops.int8_linear(torch.zeros(2, 96), matrix)
+    with pytest.raises(ValueError, match="quantize_q8_rows"):
+        ops.quantize_q8_rows(torch.zeros(2, 40))
