@@ -30,14 +30,14 @@ import torch
 from torch import Tensor
 
 if TYPE_CHECKING:
-    from .packed import PackedMatrix
+    from .packed import InterleavedMatrix, PackedMatrix
 
 log = logging.getLogger(__name__)
 
 
 class _Matrix(ctypes.Structure):
     _fields_ = [("dense", ctypes.c_void_p), ("packed", ctypes.c_void_p), ("kind", ctypes.c_int),
-                ("int8", ctypes.c_int)]
+                ("int8", ctypes.c_void_p)]
 
 
 class _Layer(ctypes.Structure):
@@ -114,8 +114,9 @@ class CpuOps:
                             x.shape[0], w.out_features, w.in_features, torch.get_num_threads())
         return y
 
-    def int8_linear(self, x: Tensor, w: "PackedMatrix", residual: Tensor | None = None) -> Tensor:
-        """``x[M, K] (float32) @ W^T (+ residual)`` for W in GGUF blocks, with x quantised to int8
+    def int8_linear(self, x: Tensor, w: "InterleavedMatrix", residual: Tensor | None = None) -> Tensor:
+        """``x[M, K] (float32) @ W^T (+ residual)`` for W in GGUF blocks (interleaved by 8 rows,
+        `PackedMatrix.interleaved`), with x quantised to int8
         per block of 32 (`quantize_q8_rows`) and integer dot products (`q8_blocks_linear`): not
         equal to the float product, see ``csrc/int8_ops.c`` for the exact arithmetic."""
         _check_rows(x, w)
@@ -137,7 +138,7 @@ class CpuOps:
         self._quantize_q8_rows(x.data_ptr(), rows, width, q.data_ptr(), d.data_ptr(), sx.data_ptr())
         return q, d, sx
 
-    def q8_blocks_linear(self, q: Tensor, d: Tensor, sx: Tensor, w: "PackedMatrix",
+    def q8_blocks_linear(self, q: Tensor, d: Tensor, sx: Tensor, w: "InterleavedMatrix",
                          residual: Tensor | None = None) -> Tensor:
         """`int8_linear` on activations already quantised by `quantize_q8_rows`."""
         if q.dtype != torch.int8 or q.dim() != 2 or q.shape[1] != w.in_features:
@@ -180,19 +181,19 @@ class CpuOps:
         return out
 
     @staticmethod
-    def layer_plan(layers: list[dict], caches: list[tuple[Tensor, Tensor]],
-                   int8: bool = False) -> ctypes.Array:
+    def layer_plan(layers: list[dict], caches: list[tuple[Tensor, Tensor]]) -> ctypes.Array:
         """The pointers `decode_layers` reads, one entry per layer: ``layers`` are a model's
         per-layer weight tables (bf16 matrices ``wqkv, wo, w_gate_up, w_down``, float32 norms and
-        optional ``bqkv``, optional ``packed`` blocks), ``caches`` its ``[1, KV, T, D]`` k/v pairs.
-        ``int8``: matrices with blocks multiply them with int8 activations (`int8_linear`) at
-        every row count. The tensors must outlive the plan."""
+        optional ``bqkv``, optional ``packed`` blocks and ``int8`` interleaved blocks: a matrix
+        with the latter multiplies int8 activations at every row count), ``caches`` its
+        ``[1, KV, T, D]`` k/v pairs. The tensors must outlive the plan."""
         def matrix(w: dict, name: str) -> _Matrix:
             blocks = (w.get("packed") or {}).get(name)
+            fast = (w.get("int8") or {}).get(name)
             if blocks is None:
-                return _Matrix(w[name].data_ptr(), None, 0, 0)
+                return _Matrix(w[name].data_ptr(), None, 0, None)
             return _Matrix(w[name].data_ptr(), blocks.blocks.data_ptr(), _PACKED_KINDS[blocks.kind],
-                           int(int8))
+                           None if fast is None else fast.blocks.data_ptr())
 
         def ptr(t: Tensor | None) -> int | None:
             return None if t is None else t.data_ptr()
@@ -222,7 +223,7 @@ class CpuOps:
                             packed_max_rows, torch.get_num_threads())
 
 
-def _check_rows(x: Tensor, w: "PackedMatrix") -> None:
+def _check_rows(x: Tensor, w: "PackedMatrix | InterleavedMatrix") -> None:
     if x.dim() != 2 or x.shape[1] != w.in_features or not x.is_contiguous() or x.dtype != torch.float32:
         raise ValueError(f"needs contiguous float32 x [M, {w.in_features}], "
                          f"got {x.dtype} {tuple(x.shape)}")

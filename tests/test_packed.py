@@ -150,19 +150,13 @@ def int8_reference(x: torch.Tensor, matrix: PackedMatrix, residual=None) -> torc
         codes = torch.cat([raw[..., 4:] & 0x0F, raw[..., 4:] >> 4], dim=-1)
     else:
         codes = matrix.blocks.view(matrix.out_features, nb, -1)[..., 2:].contiguous().view(torch.int8).long()
-    prods = codes[None] * q.view(rows, 1, nb, 32).long()            # [M, N, nb, 32]
-    lanes = prods.view(rows, matrix.out_features, nb, 8, 4).sum(-1).float()
-    acc = torch.zeros(rows, matrix.out_features, 8)
-    low = torch.zeros(rows, matrix.out_features)
+    sums = (codes[None] * q.view(rows, 1, nb, 32).long()).sum(-1).float()   # [M, N, nb], exact
+    acc = torch.zeros(rows, matrix.out_features)
     for b in range(nb):
-        acc = acc + (dw[None, :, b] * d[:, None, b])[..., None] * lanes[:, :, b]
+        acc = acc + (dw[None, :, b] * d[:, None, b]) * sums[..., b]
         if matrix.kind == "q4_1":
-            low = low + mw[None, :, b] * sx[:, None, b]
-    a = acc.unbind(-1)
-    y = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]))
-    if matrix.kind == "q4_1":
-        y = y + low
-    return y if residual is None else y + residual
+            acc = acc + mw[None, :, b] * sx[:, None, b]
+    return acc if residual is None else acc + residual
 
 
 def _ops():
@@ -187,21 +181,23 @@ def test_quantized_activations_match_the_reference():
     assert q.abs().max() <= 127
 
 
-@pytest.mark.parametrize("kind", ["q4_1", "q8_0"])
-def test_int8_kernel_matches_its_reference_bit_for_bit(kind):
+@pytest.mark.parametrize("kind,out_features", [("q4_1", 40), ("q8_0", 40), ("q4_1", 21)])
+def test_int8_kernel_matches_its_reference_bit_for_bit(kind, out_features):
     ops = _ops()
-    matrix = PackedMatrix(kind, random_blocks(kind, 40, 128, seed=9), 128)
+    matrix = PackedMatrix(kind, random_blocks(kind, out_features, 128, seed=9), 128)
+    fast = matrix.interleaved()
+    assert fast.blocks.shape == (-(-out_features // 8), 4 * 8 * BLOCK_BYTES[kind])
     dense = matrix.dequantize()
     gen = torch.Generator().manual_seed(10)
     for rows in (1, 2, 3, 5, 8, 9, 13, 32):
         x = torch.randn(rows, 128, generator=gen)
-        residual = torch.randn(rows, 40, generator=gen)
-        got = ops.int8_linear(x, matrix)
+        residual = torch.randn(rows, out_features, generator=gen)
+        got = ops.int8_linear(x, fast)
         assert torch.equal(got, int8_reference(x, matrix))
-        assert torch.equal(ops.int8_linear(x, matrix, residual), int8_reference(x, matrix, residual))
-        assert torch.equal(ops.q8_blocks_linear(*ops.quantize_q8_rows(x), matrix), got)
+        assert torch.equal(ops.int8_linear(x, fast, residual), int8_reference(x, matrix, residual))
+        assert torch.equal(ops.q8_blocks_linear(*ops.quantize_q8_rows(x), fast), got)
         # each row alone gives the same result as in the batch
-        assert torch.equal(ops.int8_linear(x[-1:].clone(), matrix)[0], got[-1])
+        assert torch.equal(ops.int8_linear(x[-1:].clone(), fast)[0], got[-1])
         # and int8 activations stay close to the float product
         exact = x @ dense.T
         assert (got - exact).abs().max() < 0.02 * exact.abs().max()
@@ -209,7 +205,7 @@ def test_int8_kernel_matches_its_reference_bit_for_bit(kind):
 
 def test_int8_kernel_refuses_bad_shapes():
     ops = _ops()
-    matrix = PackedMatrix("q4_1", random_blocks("q4_1", 4, 64), 64)
+    matrix = PackedMatrix("q4_1", random_blocks("q4_1", 4, 64), 64).interleaved()
     with pytest.raises(ValueError, match="float32 x"):
         ops.int8_linear(torch.zeros(2, 96), matrix)
     with pytest.raises(ValueError, match="quantize_q8_rows"):

@@ -400,7 +400,8 @@ typedef struct {
     const uint16_t *dense;  /* bf16 [N, K] */
     const uint8_t *packed;  /* GGUF blocks of the same matrix, or NULL */
     int kind;               /* of the blocks: 0 Q4_1, 1 Q8_0 */
-    int int8;               /* 1: multiply the blocks with int8-quantised activations */
+    const uint8_t *int8;    /* the blocks interleaved by 8 rows: multiply them with int8
+                               activations at every row count; or NULL */
 } Matrix;
 
 /* engine/csrc/int8_ops.c */
@@ -417,8 +418,8 @@ typedef struct {
    matrix asks for them, else the blocks for up to packed_max rows, else the bf16 weights. */
 static void matrix_apply(const Matrix *m, const float *x, float *y, const float *residual,
                          int64_t M, int64_t N, int64_t K, int packed_max, int threads) {
-    if (m->packed && m->int8)
-        int8_linear(x, m->packed, m->kind, y, residual, M, N, K, threads);
+    if (m->int8)
+        int8_linear(x, m->int8, m->kind, y, residual, M, N, K, threads);
     else if (m->packed && M <= packed_max)
         packed_linear(x, m->packed, m->kind, 1, y, residual, M, N, K, threads);
     else

@@ -1,35 +1,22 @@
 /* Integer matmul against GGUF weight blocks: activations quantised to int8 once per call.
 
    An activation row is cut into blocks of 32; block b gets a scale d = max|x| / 127 and codes
-   q = round-half-even(x / d) (computed as x * (1 / d)), plus sx = d * sum(q) for the Q4_1 min
-   term. A Q4_1 weight block (fp16 dw, fp16 mw, 32 unsigned nibbles w) against it gives
-   dw * d * sum(w q) + mw * sx; a Q8_0 block (fp16 dw, 32 int8 w) gives dw * d * sum(w q). The
-   code products are summed in integers (exact), 4 at a time into 8 lanes (lane j holds the
-   products of codes 4j .. 4j + 3); every float step is a separate product or sum (built with
-   -ffp-contract=off) in a fixed order, so `tests/test_packed.py` can rebuild each output bit for
-   bit in torch:
+   q = round-half-even(x * (1 / d)), plus sx = d * sum(q) for the Q4_1 min term. A Q4_1 weight
+   block (fp16 dw, fp16 mw, 32 nibbles w) against it gives dw * d * sum(w q) + mw * sx; a Q8_0
+   block (fp16 dw, 32 int8 w) gives dw * d * sum(w q). sum(w q) is an exact integer; every float
+   step is a separate product or sum (built with -ffp-contract=off) in a fixed order, so
+   `tests/test_packed.py` rebuilds each output bit for bit in torch. Per output, from 0, over
+   the blocks in order:
 
-     acc[j] = 0; for b: acc[j] = acc[j] + (dw_b * d_b) * float(lane_j,b)
-     min = 0;    for b: min = min + mw_b * sx_b                     (Q4_1 only)
-     y = (((acc0 + acc1) + (acc2 + acc3)) + ((acc4 + acc5) + (acc6 + acc7))) [+ min] [+ residual]
+     Q4_1: acc = (acc + (dw_b * d_b) * float(sum_b)) + mw_b * sx_b
+     Q8_0: acc = acc + (dw_b * d_b) * float(sum_b)
+     y = acc [+ residual]
 
    A row's result never depends on the other rows of the call. */
 #include <immintrin.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-
-static inline float half_value(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, 2);
-    return _cvtsh_ss(h);
-}
-
-static inline float lane_sum(__m256 v) {
-    const __m256 h = _mm256_hadd_ps(v, v);
-    const __m256 t = _mm256_hadd_ps(h, h);
-    return _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
-}
 
 /* x [M, K] (K % 32 == 0) -> codes q [M, K], scales d [M, K / 32], sx [M, K / 32]. */
 void quantize_q8_rows(const float *x, int64_t M, int64_t K, int8_t *q, float *d, float *sx) {
@@ -65,88 +52,112 @@ void quantize_q8_rows(const float *x, int64_t M, int64_t K, int8_t *q, float *d,
     }
 }
 
-/* The 32 Q4_1 nibbles of a block as bytes in weight order (low nibbles are weights 0..15). */
-static inline __m256i q4_1_codes(const uint8_t *b) {
-    const __m128i raw = _mm_loadu_si128((const __m128i *)(b + 4));
-    const __m256i both = _mm256_inserti128_si256(_mm256_castsi128_si256(raw), _mm_srli_epi16(raw, 4), 1);
-    return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
-}
+/* ---- weights: 8 rows interleaved per block (`PackedMatrix.interleaved`), so one vector lane is
+   one output row and a block's scales for 8 rows load as one vector. Q4_1, 160 bytes per block
+   of a group of 8 rows: 8 fp16 dw, 8 fp16 mw, then for g = 0..3 and row j = 0..7 the 4 bytes
+   4g .. 4g + 3 of row j's nibbles (low nibbles: weights 4g .. 4g + 3; high: 16 + 4g ..).
+   Q8_0, 272 bytes: 8 fp16 dw, then for g = 0..7 and row j the 4 codes 4g .. 4g + 3 of row j. */
 
-/* y[i * ystride] for R activation rows against one weight row; see the header for the order. */
-#define DEFINE_INT8_DOT(R)                                                                    \
-    static void q4_1_int8_dot##R(const uint8_t *row, const int8_t *q, const float *d,          \
-                                 const float *sx, int64_t K, float *y, int64_t ystride) {      \
-        const int64_t nb = K / 32;                                                            \
-        const __m256i ones = _mm256_set1_epi16(1);                                            \
+/* acc[i] (8 rows) gets activation row i's block b: sum over g of the 4-byte groups. */
+#define DEFINE_Q4_1_GROUP(R)                                                                  \
+    static void q4_1_group##R(const uint8_t *p, int64_t nb, const int8_t *q, const float *d,   \
+                              const float *sx, int64_t K, __m256 *out) {                       \
+        const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);             \
         __m256 acc[R];                                                                        \
-        float low[R];                                                                         \
-        for (int i = 0; i < R; i++) acc[i] = _mm256_setzero_ps(), low[i] = 0.0f;              \
-        for (int64_t b = 0; b < nb; b++, row += 20) {                                         \
-            const float dw = half_value(row), mw = half_value(row + 2);                       \
-            const __m256i w = q4_1_codes(row);                                                \
+        for (int i = 0; i < R; i++) acc[i] = _mm256_setzero_ps();                             \
+        for (int64_t b = 0; b < nb; b++, p += 160) {                                          \
+            const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));           \
+            const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16)));    \
+            __m256i w[8];                                                                     \
+            for (int g = 0; g < 4; g++) {                                                     \
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(p + 32 + 32 * g));     \
+                w[g] = _mm256_and_si256(v, low4);                                             \
+                w[g + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);                   \
+            }                                                                                 \
             for (int i = 0; i < R; i++) {                                                     \
-                const __m256i a = _mm256_loadu_si256((const __m256i *)(q + i * K + 32 * b));  \
-                const __m256i lanes = _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), ones);    \
-                const __m256 s = _mm256_set1_ps(dw * d[i * nb + b]);                          \
-                acc[i] = _mm256_add_ps(acc[i], _mm256_mul_ps(s, _mm256_cvtepi32_ps(lanes)));  \
-                low[i] = low[i] + mw * sx[i * nb + b];                                        \
+                const int8_t *a = q + i * K + 32 * b;                                         \
+                int32_t four[8];                                                              \
+                memcpy(four, a, 32);                                                          \
+                /* 8 x (2 products of <= 15 * 127): the int16 sums cannot overflow */         \
+                __m256i s16 = _mm256_maddubs_epi16(w[0], _mm256_set1_epi32(four[0]));         \
+                for (int g = 1; g < 8; g++)                                                   \
+                    s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(w[g], _mm256_set1_epi32(four[g]))); \
+                const __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(s16, ones));            \
+                const __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(d[i * nb + b]));        \
+                acc[i] = _mm256_add_ps(_mm256_add_ps(acc[i], _mm256_mul_ps(scale, f)),        \
+                                       _mm256_mul_ps(mw, _mm256_set1_ps(sx[i * nb + b])));    \
             }                                                                                 \
         }                                                                                     \
-        for (int i = 0; i < R; i++) y[i * ystride] = lane_sum(acc[i]) + low[i];               \
+        for (int i = 0; i < R; i++) out[i] = acc[i];                                          \
     }                                                                                         \
-    static void q8_0_int8_dot##R(const uint8_t *row, const int8_t *q, const float *d,          \
-                                 const float *sx, int64_t K, float *y, int64_t ystride) {      \
-        const int64_t nb = K / 32;                                                            \
+    static void q8_0_group##R(const uint8_t *p, int64_t nb, const int8_t *q, const float *d,   \
+                              const float *sx, int64_t K, __m256 *out) {                       \
         const __m256i ones = _mm256_set1_epi16(1);                                            \
         (void)sx;                                                                             \
         __m256 acc[R];                                                                        \
         for (int i = 0; i < R; i++) acc[i] = _mm256_setzero_ps();                             \
-        for (int64_t b = 0; b < nb; b++, row += 34) {                                         \
-            const float dw = half_value(row);                                                 \
-            const __m256i w = _mm256_loadu_si256((const __m256i *)(row + 2));                 \
-            const __m256i wabs = _mm256_sign_epi8(w, w);                                      \
+        for (int64_t b = 0; b < nb; b++, p += 272) {                                          \
+            const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));           \
             for (int i = 0; i < R; i++) {                                                     \
-                const __m256i a = _mm256_loadu_si256((const __m256i *)(q + i * K + 32 * b));  \
-                const __m256i prod = _mm256_maddubs_epi16(wabs, _mm256_sign_epi8(a, w));      \
-                const __m256i lanes = _mm256_madd_epi16(prod, ones);                          \
-                const __m256 s = _mm256_set1_ps(dw * d[i * nb + b]);                          \
-                acc[i] = _mm256_add_ps(acc[i], _mm256_mul_ps(s, _mm256_cvtepi32_ps(lanes)));  \
+                const int8_t *a = q + i * K + 32 * b;                                         \
+                int32_t four[8];                                                              \
+                memcpy(four, a, 32);                                                          \
+                __m256i s32 = _mm256_setzero_si256();                                         \
+                for (int g = 0; g < 8; g++) {                                                 \
+                    const __m256i w = _mm256_loadu_si256((const __m256i *)(p + 16 + 32 * g)); \
+                    const __m256i x = _mm256_sign_epi8(_mm256_set1_epi32(four[g]), w);        \
+                    s32 = _mm256_add_epi32(s32, _mm256_madd_epi16(                            \
+                        _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), x), ones));              \
+                }                                                                             \
+                const __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(d[i * nb + b]));        \
+                acc[i] = _mm256_add_ps(acc[i], _mm256_mul_ps(scale, _mm256_cvtepi32_ps(s32))); \
             }                                                                                 \
         }                                                                                     \
-        for (int i = 0; i < R; i++) y[i * ystride] = lane_sum(acc[i]);                        \
+        for (int i = 0; i < R; i++) out[i] = acc[i];                                          \
     }
-DEFINE_INT8_DOT(1) DEFINE_INT8_DOT(2) DEFINE_INT8_DOT(3) DEFINE_INT8_DOT(4)
-DEFINE_INT8_DOT(5) DEFINE_INT8_DOT(6) DEFINE_INT8_DOT(7) DEFINE_INT8_DOT(8)
+DEFINE_Q4_1_GROUP(1) DEFINE_Q4_1_GROUP(2) DEFINE_Q4_1_GROUP(3) DEFINE_Q4_1_GROUP(4)
 
-typedef void (*int8_dot_fn)(const uint8_t *, const int8_t *, const float *, const float *,
-                            int64_t, float *, int64_t);
-static const int8_dot_fn INT8_DOTS[2][9] = {
-    {0, q4_1_int8_dot1, q4_1_int8_dot2, q4_1_int8_dot3, q4_1_int8_dot4, q4_1_int8_dot5,
-     q4_1_int8_dot6, q4_1_int8_dot7, q4_1_int8_dot8},
-    {0, q8_0_int8_dot1, q8_0_int8_dot2, q8_0_int8_dot3, q8_0_int8_dot4, q8_0_int8_dot5,
-     q8_0_int8_dot6, q8_0_int8_dot7, q8_0_int8_dot8},
+typedef void (*group_fn)(const uint8_t *, int64_t, const int8_t *, const float *, const float *,
+                         int64_t, __m256 *);
+static const group_fn GROUPS[2][5] = {
+    {0, q4_1_group1, q4_1_group2, q4_1_group3, q4_1_group4},
+    {0, q8_0_group1, q8_0_group2, q8_0_group3, q8_0_group4},
 };
 
 /* y[M, N] = quantised x . W^T (+ residual) for activations already quantised by
-   quantize_q8_rows and W [N, K] in blocks of kind 0 (Q4_1) or 1 (Q8_0). Weight rows stream once
-   (one sequential stream per thread); activation rows go in chunks of <= 8. */
+   quantize_q8_rows and W [N, K] interleaved by groups of 8 rows (kind 0: Q4_1, 1: Q8_0; the
+   last group padded). Each thread streams whole groups in order; activation rows go 4 at a
+   time over a group (its blocks stay in L1 for the next 4). Per output, over blocks b in
+   order: acc = acc + (dw_b * d_b) * float(sum_b) [then + mw_b * sx_b for Q4_1], from 0. */
 void q8_blocks_linear(const int8_t *q, const float *d, const float *sx, const uint8_t *w,
                       int kind, float *y, const float *residual, int64_t M, int64_t N, int64_t K,
                       int threads) {
-    const int64_t row_bytes = K / 32 * (kind == 0 ? 20 : 34), nb = K / 32;
-    const int64_t chunks = (M + 7) / 8, chunk = (M + chunks - 1) / chunks;
+    const int64_t nb = K / 32, group_bytes = nb * (kind == 0 ? 160 : 272);
+    const int64_t groups = (N + 7) / 8;
 #pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t n = 0; n < N; n++)
-        for (int64_t m0 = 0; m0 < M; m0 += chunk) {
-            const int64_t rows = M - m0 < chunk ? M - m0 : chunk;
-            INT8_DOTS[kind][rows](w + n * row_bytes, q + m0 * K, d + m0 * nb, sx + m0 * nb, K,
-                                  y + m0 * N + n, N);
+    for (int64_t G = 0; G < groups; G++) {
+        const int64_t n0 = G * 8, valid = N - n0 < 8 ? N - n0 : 8;
+        for (int64_t m0 = 0; m0 < M; m0 += 4) {
+            const int R = M - m0 < 4 ? (int)(M - m0) : 4;
+            __m256 acc[4];
+            GROUPS[kind][R](w + G * group_bytes, nb, q + m0 * K, d + m0 * nb, sx + m0 * nb, K, acc);
+            for (int i = 0; i < R; i++) {
+                float *out = y + (m0 + i) * N + n0;
+                if (valid == 8) {
+                    _mm256_storeu_ps(out, acc[i]);
+                } else {
+                    float tmp[8];
+                    _mm256_storeu_ps(tmp, acc[i]);
+                    memcpy(out, tmp, (size_t)valid * sizeof(float));
+                }
+            }
         }
+    }
     if (residual)
         for (int64_t i = 0; i < M * N; i++) y[i] += residual[i];
 }
 
-/* quantize_q8_rows, then q8_blocks_linear: x [M, K] float32 (K % 32 == 0). */
+/* quantize_q8_rows, then q8_blocks_linear: x [M, K] float32 (K % 32 == 0), W interleaved. */
 void int8_linear(const float *x, const uint8_t *w, int kind, float *y, const float *residual,
                  int64_t M, int64_t N, int64_t K, int threads) {
     const int64_t nb = K / 32;
