@@ -210,3 +210,51 @@ def test_int8_kernel_refuses_bad_shapes():
         ops.int8_linear(torch.zeros(2, 96), matrix)
     with pytest.raises(ValueError, match="quantize_q8_rows"):
         ops.quantize_q8_rows(torch.zeros(2, 40))
+
+
+def test_int8_precision_on_the_pulled_model():
+    """precision="int8" on SmolLM2: every matrix and the head get interleaved blocks; a row's
+    logits do not depend on the rows batched with it (so greedy speculative == greedy plain);
+    the fused one-call path equals the one-call-per-op path; the logits stay close to exact
+    ones on a real prompt; and switching back gives the exact logits again."""
+    import json
+    from pathlib import Path
+
+    from agentrt.engine import models
+    from agentrt.engine.llama import Transformer
+    from agentrt.engine.tokenizer import ChatTokenizer
+
+    path = models.ensure("smollm2-135m", "bf16")
+    model = Transformer.from_pretrained(path, "bf16", "cpu", max_seq_len=256, precision="int8")
+    if model.ops is None:
+        pytest.skip("no AVX2 / C compiler here: int8 precision needs the CPU kernels")
+    assert model.precision == "int8" and model.int8_head is not None
+    assert all(len(w["int8"]) == 4 for w in model.layer_weights)
+    with pytest.raises(ValueError, match="precision"):
+        model.precision = "int4"
+
+    prompt = json.loads((Path(__file__).parent.parent / "benchmarks" / "prompts" /
+                         "agent_code.jsonl").read_text().splitlines()[0])
+    ids = torch.tensor([ChatTokenizer(path).encode_chat(prompt["messages"])[:96]])
+
+    def chunks(size: int) -> torch.Tensor:
+        with torch.inference_mode():
+            return torch.cat([model(ids[:, a:a + size], a) for a in range(0, 96, size)], dim=1)
+
+    by_32 = chunks(32)
+    assert torch.equal(chunks(8), by_32)                                 # 8-row steps
+    with torch.inference_mode():
+        singles = torch.cat([model(ids[:, i:i + 1], i) for i in range(88, 96)], dim=1)
+    assert torch.equal(singles, by_32[:, 88:])                           # single steps
+    model.fused_layers = False
+    assert torch.equal(chunks(32), by_32)
+    model.fused_layers = True
+
+    model.precision = "exact"
+    assert model.int8_head is None and all(w["int8"] is None for w in model.layer_weights)
+    exact = chunks(32)
+    top1 = (exact.argmax(-1) == by_32.argmax(-1)).float().mean()
+    log_p, log_q = exact.log_softmax(-1), by_32.log_softmax(-1)
+    kl = (log_p.exp() * (log_p - log_q)).sum(-1).mean()
+    assert top1 >= 0.9 and kl < 0.02, (top1, kl)
+    assert not torch.equal(exact, by_32)
