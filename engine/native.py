@@ -304,7 +304,7 @@ class NativeEngine(BaseEngine):
         prefix_cache: reuse the KV cache for the prompt prefix shared with the previous request.
         precision: ``"exact"`` (default; the checkpoint's arithmetic, bit-identical on every
             path) or ``"int8"`` (GGUF-block weights times int8-quantised activations on the CPU
-            kernels: ~2x faster single-stream decode, logits close to but not equal to exact;
+            kernels: 2.1-3.5x faster single-stream decode, logits close to but not equal to exact;
             greedy speculative == greedy plain holds in both). See docs/engine.md.
     """
 
