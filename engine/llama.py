@@ -172,7 +172,6 @@ class Matmul:
                            and compute_dtype == torch.float32) else None
         self.kernel_max_rows = kernel_max_rows
         self.packed_max_rows = packed_max_rows
-        self.int8_max_rows = 32
 
     def __call__(self, x: Tensor, w: Tensor, b: Tensor | None = None,
                  residual: Tensor | None = None, packed: PackedMatrix | None = None,
@@ -180,9 +179,10 @@ class Matmul:
         """``packed``: the same matrix in GGUF blocks (bit-identical values, see
         `agentrt.engine.packed`); used for up to ``packed_max_rows`` rows, where streaming
         fewer bytes pays more than widening the blocks costs. ``int8``: the blocks interleaved
-        for `CpuOps.int8_linear` (``"int8"`` precision), used for up to ``int8_max_rows`` rows."""
+        for `CpuOps.int8_linear` (``"int8"`` precision), used at every row count (~30 us per
+        row of a 3072x576 matrix on one core, against 40-75 for widening to float32 + MKL)."""
         rows, k = x.shape
-        if int8 is not None and self.ops is not None and rows <= self.int8_max_rows:
+        if int8 is not None and self.ops is not None:
             y = self.ops.int8_linear(x.contiguous(), int8, residual if b is None else None)
             if b is None:
                 return y
