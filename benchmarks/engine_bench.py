@@ -489,7 +489,7 @@ def describe(system: str, plan: Plan) -> str:
         text += f" {json.dumps(plan.vllm_spec_config)}"
     elif system == "openai":
         text += f" at {plan.base_url}, model `{plan.served_model}` (the server's own speculation)"
-    elif system in ("ngram", "suffix", "draft") and plan.native_options:
+    elif system in ("ngram", "suffix", "draft", "suffix-int8") and plan.native_options:
         text += f" {json.dumps(plan.native_options)}"
     return text
 
