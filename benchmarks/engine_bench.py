@@ -16,6 +16,10 @@ Greedy decoding throughout.
 - ``vllm``: ``plain, vllm, vllm-spec`` (native plain next to vLLM eager, and vLLM with its
   ``speculative_config`` = ``--spec-config``, by default n-gram with k=4); needs vLLM importable
   (on CPU: the .venv-vllm virtualenv from ``bash .ci/vllm-venv.sh``);
+- systems in no default set: ``plain-int8`` and ``suffix-int8`` (native with
+  ``precision="int8"``) and ``llamacpp`` (llama-cpp-python, ``pip install llama-cpp-python``,
+  on the GGUF file the model was pulled from, or ``--gguf``; skipped with a note when
+  ``llama_cpp`` is not importable), e.g. ``--systems plain,plain-int8,llamacpp --threads 2``;
 - ``openai``: ``openai``, an `OpenAIEngine` at ``--base-url`` asking for ``--served-model``
   (default: the first id of ``GET /v1/models``); the server decides its own speculation, whose
   counters are read from its ``/metrics`` when it is vLLM.
@@ -59,7 +63,10 @@ PROMPT_SETS = ("agent_code", "chat", "copy_heavy")
 ENGINES = ("native", "vllm", "openai")
 NATIVE_SYSTEMS = ("hf", "hf-lookup", "plain", "ngram", "suffix", "draft")
 VLLM_SYSTEMS = ("vllm", "vllm-spec")
-ALL_SYSTEMS = (*NATIVE_SYSTEMS, *VLLM_SYSTEMS, "openai")
+INT8_SYSTEMS = ("plain-int8", "suffix-int8")
+"""Native systems in ``precision="int8"`` (not in any default set)."""
+LLAMACPP_SYSTEMS = ("llamacpp",)
+ALL_SYSTEMS = (*NATIVE_SYSTEMS, *INT8_SYSTEMS, *VLLM_SYSTEMS, *LLAMACPP_SYSTEMS, "openai")
 DEFAULT_SYSTEMS = {
     "native": NATIVE_SYSTEMS,
     "vllm": ("plain", "vllm", "vllm-spec"),
@@ -67,7 +74,7 @@ DEFAULT_SYSTEMS = {
 }
 DEFAULT_VLLM_SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
                      "prompt_lookup_min": 2}
-SPEEDUP_BASES = ("plain", "hf", "hf-lookup", "vllm")
+SPEEDUP_BASES = ("plain", "hf", "hf-lookup", "vllm", "llamacpp")
 REFERENCE_SYSTEMS = ("plain", "vllm")
 DESCRIPTIONS = {
     "hf": "transformers generate, greedy",
@@ -79,6 +86,9 @@ DESCRIPTIONS = {
     "vllm": "vLLM AsyncLLM in process, eager, no speculation",
     "vllm-spec": "vLLM AsyncLLM in process, eager, speculative_config",
     "openai": "OpenAIEngine (chat API)",
+    "plain-int8": "native, no speculation, precision='int8' (int8 activations x GGUF blocks)",
+    "suffix-int8": "native + suffix automaton, precision='int8'",
+    "llamacpp": "llama-cpp-python on the GGUF the model was pulled from, greedy, no speculation",
 }
 _NATIVE_FIXED_OPTIONS = ("self", "model", "dtype", "device", "speculation", "threads")
 
@@ -268,11 +278,99 @@ def build_system(system: str, plan: Plan, args, path: Path | None,
         spec = plan.vllm_spec_config if system == "vllm-spec" else None
         engine = VLLMEngine(str(path), dtype=args.dtype, max_model_len=4096, speculative_config=spec)
         return EngineSystem(engine, loop)
+    if system in INT8_SYSTEMS or system in LLAMACPP_SYSTEMS:
+        return build_single_stream_system(system, plan, args, path, loop)
     if system == "openai":
         from agentrt.engine.openai_engine import OpenAIEngine
 
         return EngineSystem(OpenAIEngine(plan.base_url, plan.served_model, timeout=300), loop)
     raise ValueError(f"unknown system {system!r}")
+
+
+# ---------------------------------------------------------- single-stream kernel systems
+
+LLAMACPP_INSTALL_HINT = ("pip install llama-cpp-python (builds llama.cpp from source: a few "
+                         "minutes, needs cmake and a C++ compiler)")
+
+
+def llamacpp_missing() -> str | None:
+    """Why the ``llamacpp`` system cannot run here (None when ``llama_cpp`` imports)."""
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError as exc:
+        return f"llama_cpp is not importable ({exc}); {LLAMACPP_INSTALL_HINT}"
+    return None
+
+
+class LlamaCppSystem:
+    """llama-cpp-python on a GGUF file, greedy, timed token by token like `EngineSystem`: the
+    prompt is the native tokenizer's chat template ids (the same tokens every system sees);
+    prefill is the time to the first token, decode the time from there to the last. Its own
+    prompt-prefix reuse stays on, as the native engine's does."""
+
+    def __init__(self, gguf: Path, tokenizer_path: Path, threads: int | None, n_ctx: int = 4096):
+        from llama_cpp import Llama
+
+        from agentrt.engine.tokenizer import ChatTokenizer
+
+        self.tokenizer = ChatTokenizer(tokenizer_path)
+        threads = threads or torch.get_num_threads()
+        self.llm = Llama(model_path=str(gguf), n_ctx=n_ctx, n_threads=threads,
+                         n_threads_batch=threads, verbose=False)
+        self.stop_ids = set(self.tokenizer.eos_token_ids) | {self.llm.token_eos()}
+
+    def run(self, messages: list[dict], max_tokens: int) -> Row:
+        ids = self.tokenizer.encode_chat(messages)
+        out: list[int] = []
+        start = time.perf_counter()
+        first = last = None
+        for token in self.llm.generate(ids, temp=0.0, top_k=1, top_p=1.0, min_p=0.0,
+                                       repeat_penalty=1.0):
+            last = time.perf_counter()
+            first = first or last
+            if token in self.stop_ids:
+                break
+            out.append(token)
+            if len(out) >= max_tokens:
+                break
+        end = time.perf_counter()
+        first, last = first or end, last or end
+        return Row("", "", "", len(ids), len(out), first - start, last - first, end - start,
+                   text=self.tokenizer.decode(out), token_ids=out)
+
+    def close(self) -> None:
+        self.llm.close()
+
+
+def build_single_stream_system(system: str, plan: Plan, args, path: Path,
+                               loop: asyncio.AbstractEventLoop):
+    """``plain-int8`` / ``suffix-int8`` (native, ``precision="int8"``) or ``llamacpp`` (on
+    ``--gguf``, else the GGUF `models.gguf_file` keeps for ``--model``)."""
+    if system in INT8_SYSTEMS:
+        from agentrt.engine import NativeEngine
+
+        speculation = None if system == "plain-int8" else "suffix"
+        options = {} if speculation is None else plan.native_options
+        engine = NativeEngine(model=str(path), dtype=args.dtype, device=args.device,
+                              speculation=speculation, threads=args.threads, precision="int8",
+                              **{"max_seq_len": 4096, **options})
+        return EngineSystem(engine, loop)
+    from agentrt.engine import models
+
+    gguf = Path(args.gguf) if args.gguf else models.gguf_file(args.model)
+    return LlamaCppSystem(gguf, path, args.threads)
+
+
+def drop_missing_llamacpp(plan: Plan) -> str | None:
+    """Remove ``llamacpp`` from the plan when llama_cpp is not importable; returns the note
+    to print and record (None when nothing was dropped)."""
+    if not any(s in LLAMACPP_SYSTEMS for s in plan.systems):
+        return None
+    reason = llamacpp_missing()
+    if reason is None:
+        return None
+    plan.systems = [s for s in plan.systems if s not in LLAMACPP_SYSTEMS]
+    return f"llamacpp skipped: {reason}"
 
 
 # ------------------------------------------------------------------------------- options
@@ -392,7 +490,7 @@ def describe(system: str, plan: Plan) -> str:
         text += f" {json.dumps(plan.vllm_spec_config)}"
     elif system == "openai":
         text += f" at {plan.base_url}, model `{plan.served_model}` (the server's own speculation)"
-    elif system in ("ngram", "suffix", "draft") and plan.native_options:
+    elif system in ("ngram", "suffix", "draft", "suffix-int8") and plan.native_options:
         text += f" {json.dumps(plan.native_options)}"
     return text
 
@@ -473,6 +571,7 @@ def summarise(rows: list[Row], systems: list[str], sets: list[str],
                 if base in per and per[base]["decode_tok_s"] > 0:
                     entry[f"speedup_vs_{base}"] = entry["decode_tok_s"] / per[base]["decode_tok_s"]
         summary[prompt_set] = per
+    same_as_int8_plain(rows, systems, summary)
     reference = reference_system(systems)
     texts = {(r.prompt_set, r.prompt_id): r.text for r in rows if r.system == reference}
     if texts:
@@ -483,6 +582,17 @@ def summarise(rows: list[Row], systems: list[str], sets: list[str],
                 summary["all"].setdefault(system, {})[f"same_output_as_{reference}"] = \
                     f"{same}/{len(mine)}"
     return summary
+
+
+def same_as_int8_plain(rows: list[Row], systems: list[str], summary: dict) -> None:
+    """``same_output_as_plain-int8`` for the other int8 systems (greedy speculative == greedy
+    plain within a precision; int8 outputs may differ from exact plain's)."""
+    texts = {(r.prompt_set, r.prompt_id): r.text for r in rows if r.system == "plain-int8"}
+    for system in systems:
+        mine = [r for r in rows if r.system == system and (r.prompt_set, r.prompt_id) in texts]
+        if system in INT8_SYSTEMS and system != "plain-int8" and mine:
+            same = sum(r.text == texts[(r.prompt_set, r.prompt_id)] for r in mine)
+            summary["all"].setdefault(system, {})["same_output_as_plain-int8"] = f"{same}/{len(mine)}"
 
 
 def markdown(summary: dict, meta: dict) -> str:
@@ -498,6 +608,9 @@ def markdown(summary: dict, meta: dict) -> str:
     bases = [("plain", "x plain"), ("hf", "x HF"), ("hf-lookup", "x HF lookup")]
     if "vllm" in meta["systems"]:
         bases.append(("vllm", "x vLLM"))
+    if "llamacpp" in meta["systems"]:
+        bases.append(("llamacpp", "x llama.cpp"))
+    lines += [f"Note: {note}" for note in meta.get("notes", [])] + ([""] if meta.get("notes") else [])
     header = ["system", "decode tok/s", *(title for _, title in bases), "tau", "accept",
               "ceiling tau", "ceiling x plain", "prefill s", f"same as {reference}"]
 
@@ -514,7 +627,9 @@ def markdown(summary: dict, meta: dict) -> str:
                      *(fmt(e.get(f"speedup_vs_{base}")) for base, _ in bases),
                      fmt(e["tau"]), fmt(e["acceptance_rate"]), fmt(e.get("ceiling_tau")),
                      fmt(e.get("ceiling_speedup_vs_plain")), f"{e['mean_prefill_s']:.2f}",
-                     e.get(f"same_output_as_{reference}", "-")]
+                     e.get(f"same_output_as_{reference}", "-")
+                     + (f" (plain-int8: {e['same_output_as_plain-int8']})"
+                        if "same_output_as_plain-int8" in e else "")]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
     lines += ["Systems: " + "; ".join(f"`{s}` = {meta['descriptions'][s]}" for s in meta["systems"]),
@@ -589,6 +704,9 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, argparse.Arg
                         help="model name to request from --base-url (default: first of /v1/models)")
     parser.add_argument("--k", default="auto", help="'auto' (adaptive) or a fixed draft length")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--gguf", default=None,
+                        help="GGUF file for the llamacpp system (default: the model's, see "
+                             "models.gguf_file)")
     parser.add_argument("--out", default=str(RESULTS_DIR))
     parser.add_argument("--synthetic", action="store_true", help="forward speed on random weights only")
     parser.add_argument("--concurrency", default=None,
@@ -608,6 +726,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.concurrency and not args.systems:
         args.systems = "plain,suffix" if args.engine == "native" else "plain,vllm,vllm-spec"
     plan = make_plan(args, parser)
+    notes = [note] if (note := drop_missing_llamacpp(plan)) else []
+    for note in notes:
+        print(f"engine bench: {note}", file=sys.stderr)
+    if not plan.systems:
+        print("engine bench: no system left to run", file=sys.stderr)
+        return 2
     try:
         check_backends(plan)
     except BenchSetupError as exc:
@@ -647,7 +771,7 @@ def main(argv: list[str] | None = None) -> int:
             "systems": plan.systems, "reference": reference_system(plan.systems), "k": args.k,
             "spec_config": plan.spec_config, "base_url": plan.base_url,
             "served_model": plan.served_model, "torch": torch.__version__,
-            "descriptions": {s: describe(s, plan) for s in plan.systems}}
+            "descriptions": {s: describe(s, plan) for s in plan.systems}, "notes": notes}
     if any(s in VLLM_SYSTEMS for s in plan.systems):
         import vllm
 

@@ -4,8 +4,10 @@ On a CPU without native bf16 matmul, a 135M-parameter decode step is dominated b
 per-op dispatch and by widening bf16 weights. These few C functions replace the hot ops: the
 bf16-weight matmul (and its twin reading GGUF blocks, see `agentrt.engine.packed`), RMSNorm,
 the SiLU gate, RoPE + KV-cache store and causal attention, and `decode_layers`, which runs a
-whole decode step's layers through them in one call. The source (``csrc/cpu_ops.c``) is compiled once with gcc
-(``_GCC_FLAGS``) into the agentrt home and cached by content and flags; where that is
+whole decode step's layers through them in one call; ``csrc/int8_ops.c`` adds the integer matmul
+of int8-quantised activations against the GGUF blocks (`CpuOps.int8_linear`). The sources
+(`_SOURCES`) are compiled once with gcc (``_GCC_FLAGS``) into one library in the agentrt home,
+cached by their content and the flags; where that is
 impossible (no AVX2, no gcc, ``AGENTRT_CPU_KERNEL=0``) `cpu_ops` returns None and plain torch ops
 run instead.
 """
@@ -28,13 +30,14 @@ import torch
 from torch import Tensor
 
 if TYPE_CHECKING:
-    from .packed import PackedMatrix
+    from .packed import InterleavedMatrix, PackedMatrix
 
 log = logging.getLogger(__name__)
 
 
 class _Matrix(ctypes.Structure):
-    _fields_ = [("dense", ctypes.c_void_p), ("packed", ctypes.c_void_p), ("kind", ctypes.c_int)]
+    _fields_ = [("dense", ctypes.c_void_p), ("packed", ctypes.c_void_p), ("kind", ctypes.c_int),
+                ("int8", ctypes.c_void_p)]
 
 
 class _Layer(ctypes.Structure):
@@ -63,6 +66,8 @@ class LayerShape:
 
 _GCC_FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
 _PACKED_KINDS = {"q4_1": 0, "q8_0": 1}
+_SOURCES = ("cpu_ops.c", "int8_ops.c")
+"""The C files under ``engine/csrc/`` built into the one library."""
 
 
 class CpuOps:
@@ -80,6 +85,10 @@ class CpuOps:
         self._packed_linear = self._fn(lib.packed_linear,
                                        [ptr, ptr, i32, i32, ptr, ptr, i64, i64, i64, i32])
         self._attend = self._fn(lib.attend, [ptr, i64, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, f32, i32])
+        self._quantize_q8_rows = self._fn(lib.quantize_q8_rows, [ptr, i64, i64, ptr, ptr, ptr])
+        self._q8_blocks_linear = self._fn(lib.q8_blocks_linear,
+                                          [ptr, ptr, ptr, ptr, i32, ptr, ptr, i64, i64, i64, i32])
+        self._int8_linear = self._fn(lib.int8_linear, [ptr, ptr, i32, ptr, ptr, i64, i64, i64, i32])
         self._decode_layers = self._fn(lib.decode_layers, [ptr, i64, i64, ptr, i64, i64, i64, i64, i64,
                                                            i64, i64, ptr, f32, f32, i32, i32])
         self._rope_store_paged = self._fn(lib.rope_store_paged,
@@ -117,6 +126,42 @@ class CpuOps:
                             x.shape[0], w.out_features, w.in_features, torch.get_num_threads())
         return y
 
+    def int8_linear(self, x: Tensor, w: "InterleavedMatrix", residual: Tensor | None = None) -> Tensor:
+        """``x[M, K] (float32) @ W^T (+ residual)`` for W in GGUF blocks (interleaved by 8 rows,
+        `PackedMatrix.interleaved`), with x quantised to int8
+        per block of 32 (`quantize_q8_rows`) and integer dot products (`q8_blocks_linear`): not
+        equal to the float product, see ``csrc/int8_ops.c`` for the exact arithmetic."""
+        _check_rows(x, w)
+        y = torch.empty(x.shape[0], w.out_features)
+        self._int8_linear(x.data_ptr(), w.blocks.data_ptr(), _PACKED_KINDS[w.kind], y.data_ptr(),
+                          None if residual is None else residual.data_ptr(),
+                          x.shape[0], w.out_features, w.in_features, torch.get_num_threads())
+        return y
+
+    def quantize_q8_rows(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """``x[M, K]`` (float32, K % 32 == 0) as int8 codes ``[M, K]``, block scales
+        ``[M, K / 32]`` and scaled block sums ``[M, K / 32]`` (see ``csrc/int8_ops.c``)."""
+        if x.dim() != 2 or x.shape[1] % 32 or not x.is_contiguous() or x.dtype != torch.float32:
+            raise ValueError(f"quantize_q8_rows needs contiguous float32 [M, K % 32 == 0], "
+                             f"got {x.dtype} {tuple(x.shape)}")
+        rows, width = x.shape
+        q = torch.empty(rows, width, dtype=torch.int8)
+        d, sx = torch.empty(rows, width // 32), torch.empty(rows, width // 32)
+        self._quantize_q8_rows(x.data_ptr(), rows, width, q.data_ptr(), d.data_ptr(), sx.data_ptr())
+        return q, d, sx
+
+    def q8_blocks_linear(self, q: Tensor, d: Tensor, sx: Tensor, w: "InterleavedMatrix",
+                         residual: Tensor | None = None) -> Tensor:
+        """`int8_linear` on activations already quantised by `quantize_q8_rows`."""
+        if q.dtype != torch.int8 or q.dim() != 2 or q.shape[1] != w.in_features:
+            raise ValueError(f"q8_blocks_linear needs int8 codes [M, {w.in_features}]")
+        y = torch.empty(q.shape[0], w.out_features)
+        self._q8_blocks_linear(q.data_ptr(), d.data_ptr(), sx.data_ptr(), w.blocks.data_ptr(),
+                               _PACKED_KINDS[w.kind], y.data_ptr(),
+                               None if residual is None else residual.data_ptr(),
+                               q.shape[0], w.out_features, w.in_features, torch.get_num_threads())
+        return y
+
     def rms_norm(self, x: Tensor, w: Tensor, eps: float) -> Tensor:
         y = torch.empty_like(x)
         self._rms_norm(x.data_ptr(), w.data_ptr(), y.data_ptr(), x.shape[0], x.shape[1], eps)
@@ -151,13 +196,16 @@ class CpuOps:
     def layer_plan(layers: list[dict], caches: list[tuple[Tensor, Tensor]]) -> ctypes.Array:
         """The pointers `decode_layers` reads, one entry per layer: ``layers`` are a model's
         per-layer weight tables (bf16 matrices ``wqkv, wo, w_gate_up, w_down``, float32 norms and
-        optional ``bqkv``, optional ``packed`` blocks), ``caches`` its ``[1, KV, T, D]`` k/v pairs.
-        The tensors must outlive the plan."""
+        optional ``bqkv``, optional ``packed`` blocks and ``int8`` interleaved blocks: a matrix
+        with the latter multiplies int8 activations at every row count), ``caches`` its
+        ``[1, KV, T, D]`` k/v pairs. The tensors must outlive the plan."""
         def matrix(w: dict, name: str) -> _Matrix:
             blocks = (w.get("packed") or {}).get(name)
+            fast = (w.get("int8") or {}).get(name)
             if blocks is None:
-                return _Matrix(w[name].data_ptr(), None, 0)
-            return _Matrix(w[name].data_ptr(), blocks.blocks.data_ptr(), _PACKED_KINDS[blocks.kind])
+                return _Matrix(w[name].data_ptr(), None, 0, None)
+            return _Matrix(w[name].data_ptr(), blocks.blocks.data_ptr(), _PACKED_KINDS[blocks.kind],
+                           None if fast is None else fast.blocks.data_ptr())
 
         def ptr(t: Tensor | None) -> int | None:
             return None if t is None else t.data_ptr()
@@ -238,9 +286,17 @@ class CpuOps:
                                   torch.get_num_threads())
 
 
-def _c_source() -> str:
-    """The C source of the helpers (``engine/csrc/cpu_ops.c``, shipped as package data)."""
-    return resources.files(__package__).joinpath("csrc", "cpu_ops.c").read_text()
+
+def _check_rows(x: Tensor, w: "PackedMatrix | InterleavedMatrix") -> None:
+    if x.dim() != 2 or x.shape[1] != w.in_features or not x.is_contiguous() or x.dtype != torch.float32:
+        raise ValueError(f"needs contiguous float32 x [M, {w.in_features}], "
+                         f"got {x.dtype} {tuple(x.shape)}")
+
+
+def _c_sources() -> dict[str, str]:
+    """The C sources of the helpers (``engine/csrc/*.c``, shipped as package data), by file name."""
+    folder = resources.files(__package__).joinpath("csrc")
+    return {name: folder.joinpath(name).read_text() for name in _SOURCES}
 
 
 def _build_cpu_ops() -> CpuOps | None:
@@ -250,17 +306,22 @@ def _build_cpu_ops() -> CpuOps | None:
         return None
     from .models import home
 
-    source = _c_source()
-    digest = hashlib.sha256((source + " ".join(_GCC_FLAGS)).encode()).hexdigest()[:16]
-    target = home() / "kernels" / f"cpu_ops-{digest}.so"
+    sources = _c_sources()
+    digest = hashlib.sha256()
+    for name, text in sources.items():
+        digest.update(f"{name}\0{text}\0".encode())
+    digest.update(" ".join(_GCC_FLAGS).encode())
+    target = home() / "kernels" / f"cpu_ops-{digest.hexdigest()[:16]}.so"
     try:
         if not target.is_file():
             target.parent.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory() as tmp:
-                src, out = Path(tmp) / "cpu_ops.c", Path(tmp) / "cpu_ops.so"
-                src.write_text(source)
-                subprocess.run(["gcc", *_GCC_FLAGS, str(src), "-o", str(out), "-lm"], check=True,
-                               capture_output=True, timeout=120)
+                paths = [Path(tmp) / name for name in sources]
+                for path, text in zip(paths, sources.values()):
+                    path.write_text(text)
+                out = Path(tmp) / "cpu_ops.so"
+                subprocess.run(["gcc", *_GCC_FLAGS, *map(str, paths), "-o", str(out), "-lm"],
+                               check=True, capture_output=True, timeout=120)
                 os.replace(out, target)
         return CpuOps(ctypes.CDLL(str(target)))
     except (OSError, subprocess.SubprocessError) as exc:

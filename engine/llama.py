@@ -18,6 +18,7 @@ every projection goes through `Matmul`, which reads half-precision weights direc
 from __future__ import annotations
 
 import json
+import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,9 +29,15 @@ from torch import Tensor, nn
 
 from . import packed as packed_weights
 from .cpu_ops import CpuOps, LayerShape, cpu_ops
-from .packed import PackedMatrix
+from .packed import InterleavedMatrix, PackedMatrix
+
+log = logging.getLogger(__name__)
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+PRECISIONS = ("exact", "int8")
+"""``exact``: the checkpoint's weights in float32 arithmetic (bit-identical with or without GGUF
+blocks); ``int8``: matrices kept in GGUF blocks multiply int8-quantised activations
+(`CpuOps.int8_linear`, llama.cpp's arithmetic class), faster and close but not identical."""
 
 
 @dataclass(frozen=True)
@@ -167,12 +174,20 @@ class Matmul:
         self.packed_max_rows = packed_max_rows
 
     def __call__(self, x: Tensor, w: Tensor, b: Tensor | None = None,
-                 residual: Tensor | None = None, packed: PackedMatrix | None = None) -> Tensor:
+                 residual: Tensor | None = None, packed: PackedMatrix | None = None,
+                 int8: InterleavedMatrix | None = None) -> Tensor:
         """``packed``: the same matrix in GGUF blocks (bit-identical values, see
         `agentrt.engine.packed`); used for up to ``packed_max_rows`` rows, where streaming
-        fewer bytes pays more than widening the blocks costs."""
+        fewer bytes pays more than widening the blocks costs. ``int8``: the blocks interleaved
+        for `CpuOps.int8_linear` (``"int8"`` precision), used at every row count (~30 us per
+        row of a 3072x576 matrix on one core, against 40-75 for widening to float32 + MKL)."""
         rows, k = x.shape
-        if packed is not None and self.ops is not None and rows <= self.packed_max_rows:
+        if int8 is not None and self.ops is not None:
+            y = self.ops.int8_linear(x.contiguous(), int8, residual if b is None else None)
+            if b is None:
+                return y
+            y = y + b
+        elif packed is not None and self.ops is not None and rows <= self.packed_max_rows:
             if b is None:
                 return self.ops.packed_linear(x.contiguous(), packed, True, residual)
             y = self.ops.packed_linear(x.contiguous(), packed, True) + b
@@ -251,9 +266,9 @@ class Block(nn.Module):
         cfg = self.cfg
         n = x.shape[0]
         h, kvh, hd, eps = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps
-        p = w["packed"] or {}
+        p, q8 = w["packed"] or {}, w["int8"] or {}
         qkv = mm(ops.rms_norm(x, w["attn_norm"], eps), w["wqkv"], w["bqkv"],
-                 packed=p.get("wqkv")).contiguous()
+                 packed=p.get("wqkv"), int8=q8.get("wqkv")).contiguous()
         ops.rope_store(qkv, rope, start_pos, h, kvh, hd, k_cache, v_cache)
         if n <= 32:
             attn = ops.attend(qkv, k_cache, v_cache, start_pos, h, kvh, hd)
@@ -262,9 +277,11 @@ class Block(nn.Module):
             q = qkv[:, :h * hd].view(1, n, h, hd)
             attn = _grouped_attention(q, k_cache[:1, :, :end], v_cache[:1, :, :end], mask)
             attn = attn.reshape(n, h * hd)
-        x = mm(attn, w["wo"], residual=x, packed=p.get("wo"))
-        gate_up = mm(ops.rms_norm(x, w["mlp_norm"], eps), w["w_gate_up"], packed=p.get("w_gate_up"))
-        return mm(ops.silu_mul(gate_up), w["w_down"], residual=x, packed=p.get("w_down"))
+        x = mm(attn, w["wo"], residual=x, packed=p.get("wo"), int8=q8.get("wo"))
+        gate_up = mm(ops.rms_norm(x, w["mlp_norm"], eps), w["w_gate_up"],
+                     packed=p.get("w_gate_up"), int8=q8.get("w_gate_up"))
+        return mm(ops.silu_mul(gate_up), w["w_down"], residual=x, packed=p.get("w_down"),
+                  int8=q8.get("w_down"))
 
 
 def _grouped_attention(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> Tensor:
@@ -288,12 +305,17 @@ class Transformer(nn.Module):
 
     ``compute_dtype`` (default: float32 on CPU, else the weight dtype) is the dtype of
     activations and of the KV cache. ``cpu_kernel=False`` disables the AVX2 bf16 matmul.
+    ``precision`` (see `PRECISIONS`): ``"int8"`` takes effect for the matrices that have GGUF
+    blocks (`use_packed`) on the fused CPU path; elsewhere the model computes exactly.
     """
 
     def __init__(self, cfg: LlamaConfig, dtype: torch.dtype = torch.bfloat16,
                  device: str | torch.device = "cpu", max_seq_len: int = 4096, max_batch: int = 1,
-                 compute_dtype: torch.dtype | None = None, cpu_kernel: bool = True):
+                 compute_dtype: torch.dtype | None = None, cpu_kernel: bool = True,
+                 precision: str = "exact"):
         super().__init__()
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
         self.cfg = cfg
         self.dtype = dtype
         self.device = torch.device(device)
@@ -309,6 +331,7 @@ class Transformer(nn.Module):
         on_cpu = self.device.type == "cpu" and compute_dtype == torch.float32
         ops = cpu_ops() if cpu_kernel and on_cpu else None
         self.matmul = Matmul(dtype, compute_dtype, ops)
+        self._precision = precision
         self.ops = ops if ops is not None and _fits_cpu_ops(cfg) else None
         self.layer_weights: list[dict[str, Tensor | None]] = []
         self.rope = torch.empty(0, dtype=torch.complex64)
@@ -329,8 +352,10 @@ class Transformer(nn.Module):
     def from_pretrained(cls, path: str | Path, dtype: str | torch.dtype = "bf16",
                         device: str | torch.device = "cpu", max_seq_len: int = 4096,
                         max_batch: int = 1, compute_dtype: torch.dtype | None = None,
-                        cpu_kernel: bool = True) -> "Transformer":
-        """Load ``config.json`` + ``*.safetensors`` from a Hugging Face model directory."""
+                        cpu_kernel: bool = True, precision: str = "exact") -> "Transformer":
+        """Load ``config.json`` + ``*.safetensors`` from a Hugging Face model directory
+        (``precision``: see `PRECISIONS`; ``"int8"`` needs the GGUF blocks that `models.pull`
+        keeps, and logs a warning and computes exactly without them)."""
         from safetensors import safe_open
 
         path = Path(path)
@@ -346,11 +371,38 @@ class Transformer(nn.Module):
                     tensors[name] = f.get_tensor(name)
         if "lm_head.weight" not in tensors and not cfg.tie_word_embeddings:
             cfg = LlamaConfig(**{**cfg.__dict__, "tie_word_embeddings": True})
-        model = cls(cfg, torch_dtype, device, max_seq_len, max_batch, compute_dtype, cpu_kernel)
+        model = cls(cfg, torch_dtype, device, max_seq_len, max_batch, compute_dtype, cpu_kernel,
+                    precision)
         model.load_hf_state(tensors)
+        used = 0
         if model.ops is not None and model.matmul.ops is not None:
-            model.use_packed(packed_weights.load(path / packed_weights.PACKED_FILE))
+            used = model.use_packed(packed_weights.load(path / packed_weights.PACKED_FILE))
+        if precision == "int8" and not used:
+            log.warning("precision='int8' needs GGUF blocks and the CPU kernels (none for %s); "
+                        "computing exactly", path)
         return model.eval()
+
+    @property
+    def precision(self) -> str:
+        """``"exact"`` or ``"int8"`` (see `PRECISIONS`); settable between forwards."""
+        return self._precision
+
+    @precision.setter
+    def precision(self, value: str) -> None:
+        if value not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {value!r}")
+        self._precision = value
+        self._set_int8_weights()
+
+    def _set_int8_weights(self) -> None:
+        """In ``"int8"`` precision, every matrix with GGUF blocks also gets them interleaved
+        for `CpuOps.int8_linear` (``w["int8"]``, `int8_head`); in ``"exact"``, none does."""
+        int8 = self._precision == "int8"
+        for w in self.layer_weights:
+            w["int8"] = ({name: m.interleaved() for name, m in w["packed"].items()}
+                         if int8 and w["packed"] else None)
+        self.int8_head = (self.packed_head.interleaved()
+                          if int8 and self.packed_head is not None else None)
 
     def load_hf_state(self, tensors: dict[str, Tensor]) -> None:
         """Copy weights named as in transformers' ``LlamaForCausalLM`` into the fused layout
@@ -402,10 +454,10 @@ class Transformer(nn.Module):
         self.layer_weights = [
             {**{name: getattr(layer, name) for name in _MATRICES},
              **{name: vec(getattr(layer, name)) for name in _VECTORS},
-             "packed": None}
+             "packed": None, "int8": None}
             for layer in self.layers
         ]
-        self.packed_head = None
+        self.packed_head = self.int8_head = None
         self.final_norm = vec(self.norm)
 
     def use_packed(self, packed: dict[str, PackedMatrix]) -> int:
@@ -445,6 +497,7 @@ class Transformer(nn.Module):
             used += len(w["packed"])
         head = "model.embed_tokens.weight" if self.cfg.tie_word_embeddings else "lm_head.weight"
         self.packed_head = exact(packed.get(head), self.lm_head)
+        self._set_int8_weights()
         return used + (self.packed_head is not None)
 
     def allocate_cache(self, max_batch: int, max_seq_len: int) -> None:
@@ -474,6 +527,7 @@ class Transformer(nn.Module):
         clone.matmul, clone.ops = self.matmul, self.ops
         clone.layer_weights = self.layer_weights[:num_layers]
         clone.final_norm, clone.packed_head = self.final_norm, self.packed_head
+        clone._precision, clone.int8_head = self._precision, self.int8_head
         clone.rope, clone.rope_pairs = self.rope, self.rope_pairs
         clone.caches = []
         clone._plan, clone.fused_layers = None, self.fused_layers
@@ -535,7 +589,8 @@ class Transformer(nn.Module):
             x = ops.rms_norm(x.contiguous(), self.final_norm, self.cfg.rms_norm_eps)
         else:
             x = rms_norm(x, self.final_norm, self.cfg.rms_norm_eps)
-        logits = self.matmul(x, self.lm_head, packed=self.packed_head if ops is not None else None)
+        logits = self.matmul(x, self.lm_head, packed=self.packed_head if ops is not None else None,
+                             int8=self.int8_head if ops is not None else None)
         return logits.view(bsz, keep, -1).float()
 
     def layer_shape(self) -> LayerShape:
@@ -550,9 +605,11 @@ class Transformer(nn.Module):
 
     def _pool_plan(self, pool):
         """`CpuOps.layer_plan` over a `KVPool`'s block pools (rebuilt when weights change)."""
-        parts = (pool, self.layer_weights, *(w["packed"] for w in self.layer_weights))
+        parts = (pool, self.layer_weights, *(w["packed"] for w in self.layer_weights),
+                 *(w["int8"] for w in self.layer_weights))
         cached = getattr(self, "_paged_plan", None)
-        if cached is None or any(a is not b for a, b in zip(cached[0], parts)):
+        if (cached is None or len(cached[0]) != len(parts)
+                or any(a is not b for a, b in zip(cached[0], parts))):
             cached = (parts, self.ops.layer_plan(self.layer_weights, pool.caches))
             self._paged_plan = cached
         return cached[1]
@@ -560,7 +617,8 @@ class Transformer(nn.Module):
     def _layer_plan(self):
         """`CpuOps.layer_plan` for the current weights, blocks and caches (rebuilt when any of
         them was replaced; the kept references also keep the pointed-to tensors alive)."""
-        parts = (self.layer_weights, self.caches, *(w["packed"] for w in self.layer_weights))
+        parts = (self.layer_weights, self.caches, *(w["packed"] for w in self.layer_weights),
+                 *(w["int8"] for w in self.layer_weights))
         if (self._plan is None or len(self._plan[0]) != len(parts)
                 or any(a is not b for a, b in zip(self._plan[0], parts))):
             self._plan = (parts, self.ops.layer_plan(self.layer_weights, self.caches))
@@ -621,19 +679,22 @@ def forward_batch(model: "Transformer", tokens: Tensor, seqs: list[SeqRows], poo
         return torch.empty(0, model.vocab_size)
     if ops is not None:
         x = ops.rms_norm(x.contiguous(), model.final_norm, model.cfg.rms_norm_eps)
-        return _rows_linear(model, x, model.lm_head, model.packed_head).float()
+        return _rows_linear(model, x, model.lm_head, model.packed_head, model.int8_head).float()
     x = rms_norm(x, model.final_norm, model.cfg.rms_norm_eps)
     return model.matmul(x, model.lm_head).float()
 
 
 def _rows_linear(model: "Transformer", x: Tensor, w: Tensor, packed: PackedMatrix | None,
-                 residual: Tensor | None = None) -> Tensor:
+                 int8: InterleavedMatrix | None = None, residual: Tensor | None = None) -> Tensor:
     """``x @ w.T (+ residual)`` with the row-independent kernels only (as ``matrix_apply`` in
-    C): GGUF blocks for up to ``packed_max_rows`` rows, else the bf16 kernel, whatever the
-    number of rows (no float32 GEMM, whose row results may depend on the batch)."""
+    C): the int8 kernel where ``int8`` blocks are given (``"int8"`` precision), else GGUF blocks
+    for up to ``packed_max_rows`` rows, else the bf16 kernel, whatever the number of rows (no
+    float32 GEMM, whose row results may depend on the batch)."""
     ops = model.matmul.ops
     if ops is None:  # float32 weights: torch's matmul
         return model.matmul(x, w, residual=residual)
+    if int8 is not None:
+        return ops.int8_linear(x, int8, residual)
     if packed is not None and x.shape[0] <= model.matmul.packed_max_rows:
         return ops.packed_linear(x, packed, True, residual)
     return ops.linear(x, w, residual)
@@ -645,17 +706,20 @@ def _paged_layer_ops(model: "Transformer", x: Tensor, table, w: dict, k_pool: Te
     `decode_layers_paged` is tested against)."""
     cfg, ops = model.cfg, model.ops
     h, kvh, hd, eps = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps
-    p = w["packed"] or {}
-    qkv = _rows_linear(model, ops.rms_norm(x, w["attn_norm"], eps), w["wqkv"], p.get("wqkv"))
+    p, q8 = w["packed"] or {}, w["int8"] or {}
+
+    def linear(inp: Tensor, name: str, residual: Tensor | None = None) -> Tensor:
+        return _rows_linear(model, inp, w[name], p.get(name), q8.get(name), residual)
+
+    qkv = linear(ops.rms_norm(x, w["attn_norm"], eps), "wqkv")
     if w["bqkv"] is not None:
         qkv = qkv + w["bqkv"]
     qkv = qkv.contiguous()
     ops.rope_store_paged(qkv, model.rope_pairs, table, h, kvh, hd, k_pool, v_pool)
     attn = ops.attend_paged(qkv, k_pool, v_pool, table, h, kvh, hd)
-    mid = _rows_linear(model, attn, w["wo"], p.get("wo"), residual=x)
-    gate_up = _rows_linear(model, ops.rms_norm(mid, w["mlp_norm"], eps), w["w_gate_up"],
-                           p.get("w_gate_up"))
-    return _rows_linear(model, ops.silu_mul(gate_up), w["w_down"], p.get("w_down"), residual=mid)
+    mid = linear(attn, "wo", residual=x)
+    gate_up = linear(ops.rms_norm(mid, w["mlp_norm"], eps), "w_gate_up")
+    return linear(ops.silu_mul(gate_up), "w_down", residual=mid)
 
 
 def _paged_layer_torch(model: "Transformer", layer: "Block", x: Tensor, seqs: list[SeqRows],

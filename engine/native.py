@@ -298,6 +298,10 @@ class NativeEngine(BaseEngine):
             share of the decode rate it has alone (see docs/engine.md, "Priority").
         background_prefill_tokens: the most prompt tokens less urgent requests prefill in one
             of those shared steps (bounds the pause they cause in the urgent stream).
+        precision: ``"exact"`` (default; the checkpoint's arithmetic, bit-identical on every
+            path) or ``"int8"`` (GGUF-block weights times int8-quantised activations on the CPU
+            kernels: 2.1-3.5x faster single-stream decode, logits close to but not equal to exact;
+            greedy speculative == greedy plain holds in both). See docs/engine.md.
     """
 
     name = "native"
@@ -324,6 +328,7 @@ class NativeEngine(BaseEngine):
         max_num_seqs: int = 64,
         priority_share: float = 0.7,
         background_prefill_tokens: int = 64,
+        precision: str = "exact",
     ):
         if not 0.0 < acceptance_threshold <= 1.0:
             raise ValueError(f"acceptance_threshold must be in (0, 1], got {acceptance_threshold}")
@@ -345,7 +350,8 @@ class NativeEngine(BaseEngine):
         self.threads = threads
         self.device = torch.device(device)
         self.path = resolve(model, dtype)
-        self.model = Transformer.from_pretrained(self.path, dtype, self.device, max_seq_len)
+        self.model = Transformer.from_pretrained(self.path, dtype, self.device, max_seq_len,
+                                                 precision=precision)
         self.tokenizer = ChatTokenizer(self.path)
         self.max_seq_len = max_seq_len
         self.acceptance_threshold = acceptance_threshold

@@ -61,6 +61,23 @@ class PackedMatrix:
         """The matrix made of rows ``index`` (a permutation or selection)."""
         return PackedMatrix(self.kind, self.blocks[torch.as_tensor(index)].contiguous(), self.in_features)
 
+    def interleaved(self) -> "InterleavedMatrix":
+        """The same blocks with 8 rows interleaved per block, as the int8 kernel reads them
+        (`CpuOps.int8_linear`): for each group of 8 rows (the last one padded with zero blocks)
+        and each block, the 8 fp16 scales (Q4_1: then the 8 fp16 minimums), then the codes in
+        4-byte runs, row after row: Q4_1 bytes 4g..4g+3 of each row's nibbles for g = 0..3,
+        Q8_0 codes 4g..4g+3 for g = 0..7."""
+        nb, size = self.in_features // BLOCK, BLOCK_BYTES[self.kind]
+        groups = -(-self.out_features // 8)
+        raw = torch.zeros(groups * 8, nb, size, dtype=torch.uint8)
+        raw[:self.out_features] = self.blocks.view(self.out_features, nb, size)
+        raw = raw.view(groups, 8, nb, size).transpose(1, 2)          # [G, nb, 8 rows, size]
+        heads = 4 if self.kind == "q4_1" else 2
+        scales = raw[..., :heads].unflatten(-1, (-1, 2)).transpose(2, 3).flatten(2)
+        codes = raw[..., heads:].unflatten(-1, (-1, 4)).transpose(2, 3).flatten(2)
+        out = torch.cat([scales, codes], dim=-1).reshape(groups, -1).contiguous()
+        return InterleavedMatrix(self.kind, out, self.in_features, self.out_features)
+
     def dequantize(self) -> Tensor:
         """The float32 weights, computed as the GGUF reference does (product, then sum)."""
         nb = self.in_features // BLOCK
@@ -73,6 +90,17 @@ class PackedMatrix:
         nibbles = raw[..., 4:]
         q = torch.cat([nibbles & 0x0F, nibbles >> 4], dim=-1).float()
         return (d * q + m).reshape(self.out_features, self.in_features)
+
+
+@dataclass(frozen=True, eq=False)
+class InterleavedMatrix:
+    """A `PackedMatrix` in the int8 kernel's layout (see `PackedMatrix.interleaved`):
+    ``blocks`` is uint8 ``[ceil(out_features / 8), in_features // 32 * 8 * block bytes]``."""
+
+    kind: str
+    blocks: Tensor
+    in_features: int
+    out_features: int
 
 
 def cat_rows(parts: Sequence[PackedMatrix]) -> PackedMatrix:

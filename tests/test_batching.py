@@ -113,6 +113,28 @@ def test_ragged_batch_equals_each_sequence_alone_bit_for_bit():
             assert torch.equal(fused[i], alone[i]), "batching must not change a bit"
 
 
+def test_int8_ragged_batch_equals_each_sequence_alone_bit_for_bit():
+    """precision="int8" in the batch: the int8 kernel is row-independent too, so the ragged
+    step (one C call and one call per op) equals the single-sequence int8 forward bit for bit."""
+    path = models.ensure("smollm2-135m", "bf16")
+    model = Transformer.from_pretrained(path, "bf16", max_seq_len=128, precision="int8")
+    _kernels_or_skip(model)
+    if model.int8_head is None:
+        pytest.skip("no GGUF blocks for this checkpoint: int8 precision is not in use")
+    cfg = model.cfg
+    ids = torch.randint(0, model.vocab_size, (3, 90), generator=torch.Generator().manual_seed(5))
+    with torch.inference_mode():
+        alone = [torch.cat([model(ids[i:i + 1, a:b], a)[0] for a, b in ((0, 32), (32, 33), (33, 60), (60, 90))])
+                 for i in range(3)]
+    fused = _ragged_steps(model, ids, KVPool(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, 10, 32))
+    model.fused_layers = False
+    per_op = _ragged_steps(model, ids, KVPool(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, 10, 32))
+    model.fused_layers = True
+    for i in range(3):
+        assert torch.equal(fused[i], per_op[i])
+        assert torch.equal(fused[i], alone[i])
+
+
 def test_torch_path_matches_the_kernels():
     path = models.ensure("smollm2-135m", "bf16")
     fast = Transformer.from_pretrained(path, "bf16", max_seq_len=128)
@@ -197,7 +219,7 @@ async def test_staggered_arrivals_stop_strings_and_cancellation(plain):
 
     async def cancelled():
         async for _ in plain.stream(PROMPTS[4], SamplingParams(max_tokens=400)):
-            await asyncio.sleep(0)
+            await asyncio.sleep(3600)  # a consumer that stalls mid-stream until it is cancelled
 
     victim = asyncio.create_task(cancelled())
     results = await asyncio.gather(late(0, 0), late(1, 0.3), late(2, 0.6, SamplingParams(max_tokens=16, stop=(stop,))))
@@ -280,7 +302,11 @@ async def test_urgent_request_preempts_less_urgent_ones():
     try:
         long = SamplingParams(max_tokens=60, priority=1)
         background = [asyncio.create_task(complete(eng, m, long)) for m in PROMPTS[:3]]
-        await asyncio.sleep(1.0)
+        for _ in range(1000):  # until all three hold their blocks and are decoding
+            seen = eng.batch_metrics()
+            if seen.requests >= 3 and seen.steps >= 5:
+                break
+            await asyncio.sleep(0.01)
         root = await complete(eng, PROMPTS[3], SamplingParams(max_tokens=8, priority=-1))
         rest = await asyncio.gather(*background)
         alone = await complete(eng, PROMPTS[3], SamplingParams(max_tokens=8))

@@ -143,3 +143,20 @@ def test_vllm_engine_without_vllm_exits_2_with_the_install_hint(tmp_path, capsys
     err = capsys.readouterr().err
     assert "vllm-venv.sh" in err and "loaded" not in err
     assert not list(tmp_path.iterdir())
+
+
+def test_llamacpp_without_llama_cpp_is_skipped_with_a_note(tmp_path, capsys, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # `import llama_cpp` raises ImportError
+    args, parser = engine_bench.parse_args(["--systems", "plain,llamacpp"])
+    plan = engine_bench.make_plan(args, parser)
+    note = engine_bench.drop_missing_llamacpp(plan)
+    assert plan.systems == ["plain"]
+    assert note.startswith("llamacpp skipped") and "pip install llama-cpp-python" in note
+    # with nothing else to run, the benchmark stops before loading anything
+    code = engine_bench.main(["--systems", "llamacpp", "--limit", "1", "--out", str(tmp_path)])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "llamacpp skipped" in err and "no system left" in err and "loaded" not in err
+    assert not list(tmp_path.iterdir())

@@ -119,6 +119,24 @@ def test_pull_refuses_a_gguf_with_the_wrong_checksum(tmp_path):
         models.pull("smollm2-135m", dtypes=("bf16",), cache_dir=tmp_path / "home",
                     progress=False, gguf_path=fake)
     assert not models.model_dir("smollm2-135m", "bf16", tmp_path / "home").exists()
+    assert not models.gguf_file_path("smollm2-135m", tmp_path / "home").exists()
+
+
+def test_gguf_file_is_verified_and_kept(tmp_path):
+    """The GGUF other engines read (llama.cpp in the benchmark): a corrupt copy is replaced by
+    a verified download, which is then kept and reused as it is."""
+    target = models.gguf_file_path("smollm2-135m", tmp_path)
+    target.parent.mkdir(parents=True)
+    target.write_bytes(b"GGUF" + b"\0" * 1000)
+    path = models.gguf_file("smollm2-135m", cache_dir=tmp_path, progress=False)
+    assert path == target
+    assert models.sha256_file(path) == models.REGISTRY["smollm2-135m"].gguf_sha256
+    mtime = path.stat().st_mtime_ns
+    assert models.gguf_file("smollm2-135m", cache_dir=tmp_path, progress=False) == path
+    assert path.stat().st_mtime_ns == mtime
+    assert [p.name for p in target.parent.iterdir()] == [target.name]
+    with pytest.raises(ModelNotFoundError, match="unknown model"):
+        models.gguf_file("nope", cache_dir=tmp_path)
 
 
 def test_home_follows_environment(tmp_path, monkeypatch):

@@ -122,3 +122,140 @@ def test_pulled_model_decodes_identically_with_and_without_blocks():
     wrong = {name: PackedMatrix(m.kind, torch.roll(m.blocks, 1, dims=0), m.in_features)
              for name, m in blocks.items()}
     assert model.use_packed(wrong) == 0
+
+
+# ---- int8 activations against the blocks (`CpuOps.int8_linear`): not the float product, but
+# an exact arithmetic of its own, rebuilt here step by step in torch (see csrc/int8_ops.c)
+
+def quantize_reference(x: torch.Tensor):
+    """Per block of 32: scale max|x| / 127, codes round-half-even(x * (1 / scale)), and
+    scale * sum(codes), all in float32 as the kernel computes them."""
+    rows, width = x.shape
+    blocks = x.view(rows, width // 32, 32)
+    d = blocks.abs().amax(-1) / torch.full((rows, width // 32), 127.0)
+    inv = torch.where(d != 0, torch.ones_like(d) / d, torch.zeros_like(d))
+    q = torch.round(blocks * inv[..., None])
+    sx = d * q.sum(-1)
+    return q.to(torch.int8).view(rows, width), d, sx
+
+
+def int8_reference(x: torch.Tensor, matrix: PackedMatrix, residual=None) -> torch.Tensor:
+    """The kernel's output, float step by float step (integer sums are exact)."""
+    q, d, sx = quantize_reference(x)
+    rows, nb = d.shape
+    raw = matrix.blocks.view(matrix.out_features, nb, BLOCK_BYTES[matrix.kind]).long()
+    dw = matrix.blocks.view(matrix.out_features, nb, -1)[..., 0:2].contiguous().view(torch.float16)[..., 0].float()
+    if matrix.kind == "q4_1":
+        mw = matrix.blocks.view(matrix.out_features, nb, -1)[..., 2:4].contiguous().view(torch.float16)[..., 0].float()
+        codes = torch.cat([raw[..., 4:] & 0x0F, raw[..., 4:] >> 4], dim=-1)
+    else:
+        codes = matrix.blocks.view(matrix.out_features, nb, -1)[..., 2:].contiguous().view(torch.int8).long()
+    sums = (codes[None] * q.view(rows, 1, nb, 32).long()).sum(-1).float()   # [M, N, nb], exact
+    acc = torch.zeros(rows, matrix.out_features)
+    for b in range(nb):
+        acc = acc + (dw[None, :, b] * d[:, None, b]) * sums[..., b]
+        if matrix.kind == "q4_1":
+            acc = acc + mw[None, :, b] * sx[:, None, b]
+    return acc if residual is None else acc + residual
+
+
+def _ops():
+    from agentrt.engine.cpu_ops import cpu_ops
+
+    ops = cpu_ops()
+    if ops is None:
+        pytest.skip("no AVX2 / C compiler here")
+    return ops
+
+
+def test_quantized_activations_match_the_reference():
+    ops = _ops()
+    gen = torch.Generator().manual_seed(8)
+    x = torch.randn(5, 96, generator=gen) * torch.tensor([1e-3, 1.0, 30.0, 1.0, 5.0])[:, None]
+    x[1, 32:64] = 0.0                       # a block of zeros: scale 0, codes 0
+    x[2, :32] = torch.tensor([127.0, 2.5, -3.5, 0.5, -0.5, 1.5] + [0.25] * 26)  # ties to even
+    q, d, sx = ops.quantize_q8_rows(x)
+    want_q, want_d, want_sx = quantize_reference(x)
+    assert torch.equal(q, want_q) and torch.equal(d, want_d) and torch.equal(sx, want_sx)
+    assert q[2, :6].tolist() == [127, 2, -4, 0, 0, 2] and d[1, 1] == 0 and not q[1, 32:64].any()
+    assert q.abs().max() <= 127
+
+
+@pytest.mark.parametrize("kind,out_features,in_features", [
+    ("q4_1", 40, 128), ("q8_0", 40, 128), ("q4_1", 21, 128), ("q4_1", 16, 1536), ("q8_0", 8, 576)])
+def test_int8_kernel_matches_its_reference_bit_for_bit(kind, out_features, in_features):
+    ops = _ops()
+    matrix = PackedMatrix(kind, random_blocks(kind, out_features, in_features, seed=9), in_features)
+    fast = matrix.interleaved()
+    assert fast.blocks.shape == (-(-out_features // 8), in_features // 32 * 8 * BLOCK_BYTES[kind])
+    dense = matrix.dequantize()
+    gen = torch.Generator().manual_seed(10)
+    for rows in (1, 2, 3, 5, 8, 9, 13, 32):
+        x = torch.randn(rows, in_features, generator=gen)
+        residual = torch.randn(rows, out_features, generator=gen)
+        got = ops.int8_linear(x, fast)
+        assert torch.equal(got, int8_reference(x, matrix))
+        assert torch.equal(ops.int8_linear(x, fast, residual), int8_reference(x, matrix, residual))
+        assert torch.equal(ops.q8_blocks_linear(*ops.quantize_q8_rows(x), fast), got)
+        # each row alone gives the same result as in the batch
+        assert torch.equal(ops.int8_linear(x[-1:].clone(), fast)[0], got[-1])
+        # and int8 activations stay close to the float product
+        exact = x @ dense.T
+        assert (got - exact).abs().max() < 0.02 * exact.abs().max()
+
+
+def test_int8_kernel_refuses_bad_shapes():
+    ops = _ops()
+    matrix = PackedMatrix("q4_1", random_blocks("q4_1", 4, 64), 64).interleaved()
+    with pytest.raises(ValueError, match="float32 x"):
+        ops.int8_linear(torch.zeros(2, 96), matrix)
+    with pytest.raises(ValueError, match="quantize_q8_rows"):
+        ops.quantize_q8_rows(torch.zeros(2, 40))
+
+
+def test_int8_precision_on_the_pulled_model():
+    """precision="int8" on SmolLM2: every matrix and the head get interleaved blocks; a row's
+    logits do not depend on the rows batched with it (so greedy speculative == greedy plain);
+    the fused one-call path equals the one-call-per-op path; the logits stay close to exact
+    ones on a real prompt; and switching back gives the exact logits again."""
+    import json
+    from pathlib import Path
+
+    from agentrt.engine import models
+    from agentrt.engine.llama import Transformer
+    from agentrt.engine.tokenizer import ChatTokenizer
+
+    path = models.ensure("smollm2-135m", "bf16")
+    model = Transformer.from_pretrained(path, "bf16", "cpu", max_seq_len=256, precision="int8")
+    if model.ops is None:
+        pytest.skip("no AVX2 / C compiler here: int8 precision needs the CPU kernels")
+    assert model.precision == "int8" and model.int8_head is not None
+    assert all(len(w["int8"]) == 4 for w in model.layer_weights)
+    with pytest.raises(ValueError, match="precision"):
+        model.precision = "int4"
+
+    prompt = json.loads((Path(__file__).parent.parent / "benchmarks" / "prompts" /
+                         "agent_code.jsonl").read_text().splitlines()[0])
+    ids = torch.tensor([ChatTokenizer(path).encode_chat(prompt["messages"])[:96]])
+
+    def chunks(size: int) -> torch.Tensor:
+        with torch.inference_mode():
+            return torch.cat([model(ids[:, a:a + size], a) for a in range(0, 96, size)], dim=1)
+
+    by_32 = chunks(32)
+    assert torch.equal(chunks(8), by_32)                                 # 8-row steps
+    with torch.inference_mode():
+        singles = torch.cat([model(ids[:, i:i + 1], i) for i in range(88, 96)], dim=1)
+    assert torch.equal(singles, by_32[:, 88:])                           # single steps
+    model.fused_layers = False
+    assert torch.equal(chunks(32), by_32)
+    model.fused_layers = True
+
+    model.precision = "exact"
+    assert model.int8_head is None and all(w["int8"] is None for w in model.layer_weights)
+    exact = chunks(32)
+    top1 = (exact.argmax(-1) == by_32.argmax(-1)).float().mean()
+    log_p, log_q = exact.log_softmax(-1), by_32.log_softmax(-1)
+    kl = (log_p.exp() * (log_p - log_q)).sum(-1).mean()
+    assert top1 >= 0.9 and kl < 0.02, (top1, kl)
+    assert not torch.equal(exact, by_32)

@@ -173,6 +173,26 @@ def test_bf16_greedy_speculative_equals_plain():
         plain.close()
 
 
+def test_int8_greedy_speculative_equals_plain():
+    """precision="int8": each row's logits are independent of the rows verified with it, so
+    greedy speculative output equals greedy plain output token for token, with no near-ties
+    to excuse (the int8 logits are not exact ones, but both runs compute the same ones)."""
+    plain = NativeEngine(dtype="bf16", speculation=None, max_seq_len=2048, precision="int8")
+    if plain.model.int8_head is None:
+        plain.close()
+        pytest.skip("no AVX2 / C compiler here: int8 precision runs exactly")
+    engine = NativeEngine(dtype="bf16", speculation="suffix", num_speculative_tokens=6,
+                          max_seq_len=2048, precision="int8")
+    try:
+        prompts = PROMPTS[2::4]
+        params = SamplingParams(max_tokens=24)
+        assert run_all(engine, prompts, params) == run_all(plain, prompts, params)
+        assert engine.metrics().accepted_tokens > 0, "nothing was accepted: the test proves nothing"
+    finally:
+        engine.close()
+        plain.close()
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1200)  # 24 prompts x 128 tokens in fp32, plus plain's outputs on first use
 @pytest.mark.parametrize("speculation,k", [("ngram", 8), ("suffix", 8), ("draft", 4)])

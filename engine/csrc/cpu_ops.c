@@ -400,7 +400,13 @@ typedef struct {
     const uint16_t *dense;  /* bf16 [N, K] */
     const uint8_t *packed;  /* GGUF blocks of the same matrix, or NULL */
     int kind;               /* of the blocks: 0 Q4_1, 1 Q8_0 */
+    const uint8_t *int8;    /* the blocks interleaved by 8 rows: multiply them with int8
+                               activations at every row count; or NULL */
 } Matrix;
+
+/* engine/csrc/int8_ops.c */
+void int8_linear(const float *x, const uint8_t *w, int kind, float *y, const float *residual,
+                 int64_t M, int64_t N, int64_t K, int threads);
 
 typedef struct {
     const float *attn_norm, *mlp_norm, *bqkv;  /* bqkv may be NULL */
@@ -408,10 +414,13 @@ typedef struct {
     float *k_cache, *v_cache;                  /* [KV, T, D] */
 } Layer;
 
-/* y = x . W^T (+ residual) as `Matmul` does it: the blocks for up to packed_max rows. */
+/* y = x . W^T (+ residual) as `Matmul` does it: the blocks with int8 activations when the
+   matrix asks for them, else the blocks for up to packed_max rows, else the bf16 weights. */
 static void matrix_apply(const Matrix *m, const float *x, float *y, const float *residual,
                          int64_t M, int64_t N, int64_t K, int packed_max, int threads) {
-    if (m->packed && M <= packed_max)
+    if (m->int8)
+        int8_linear(x, m->int8, m->kind, y, residual, M, N, K, threads);
+    else if (m->packed && M <= packed_max)
         packed_linear(x, m->packed, m->kind, 1, y, residual, M, N, K, threads);
     else
         bf16_linear(x, m->dense, y, residual, M, N, K, threads);

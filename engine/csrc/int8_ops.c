@@ -1,0 +1,170 @@
+/* Integer matmul against GGUF weight blocks: activations quantised to int8 once per call.
+
+   An activation row is cut into blocks of 32; block b gets a scale d = max|x| / 127 and codes
+   q = round-half-even(x * (1 / d)), plus sx = d * sum(q) for the Q4_1 min term. A Q4_1 weight
+   block (fp16 dw, fp16 mw, 32 nibbles w) against it gives dw * d * sum(w q) + mw * sx; a Q8_0
+   block (fp16 dw, 32 int8 w) gives dw * d * sum(w q). sum(w q) is an exact integer; every float
+   step is a separate product or sum (built with -ffp-contract=off) in a fixed order, so
+   `tests/test_packed.py` rebuilds each output bit for bit in torch. Per output, from 0, over
+   the blocks in order:
+
+     Q4_1: acc = (acc + (dw_b * d_b) * float(sum_b)) + mw_b * sx_b
+     Q8_0: acc = acc + (dw_b * d_b) * float(sum_b)
+     y = acc [+ residual]
+
+   A row's result never depends on the other rows of the call. */
+#include <immintrin.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* x [M, K] (K % 32 == 0) -> codes q [M, K], scales d [M, K / 32], sx [M, K / 32]. */
+void quantize_q8_rows(const float *x, int64_t M, int64_t K, int8_t *q, float *d, float *sx) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (int64_t i = 0; i < M * K / 32; i++) {
+        const float *v = x + i * 32;
+        __m256 f[4];
+        __m256 amax = _mm256_setzero_ps();
+        for (int j = 0; j < 4; j++) {
+            f[j] = _mm256_loadu_ps(v + 8 * j);
+            amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, f[j]));
+        }
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        const float top = _mm_cvtss_f32(_mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1)));
+        const float scale = top / 127.0f;
+        const __m256 inv = _mm256_set1_ps(scale != 0.0f ? 1.0f / scale : 0.0f);
+        __m256i n[4];
+        for (int j = 0; j < 4; j++)
+            n[j] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(f[j], inv),
+                                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        /* |n| <= 127: the packs never saturate; packs interleave 128-bit lanes, undone by order */
+        const __m256i p01 = _mm256_packs_epi32(n[0], n[1]), p23 = _mm256_packs_epi32(n[2], n[3]);
+        const __m256i bytes = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p01, p23), order);
+        _mm256_storeu_si256((__m256i *)(q + i * 32), bytes);
+        const __m256i total = _mm256_add_epi32(_mm256_add_epi32(n[0], n[1]), _mm256_add_epi32(n[2], n[3]));
+        __m128i t = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
+        t = _mm_add_epi32(t, _mm_unpackhi_epi64(t, t));
+        t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 1));
+        d[i] = scale;
+        sx[i] = scale * (float)_mm_cvtsi128_si32(t);
+    }
+}
+
+/* ---- weights: 8 rows interleaved per block (`PackedMatrix.interleaved`), so one vector lane is
+   one output row and a block's scales for 8 rows load as one vector. Q4_1, 160 bytes per block
+   of a group of 8 rows: 8 fp16 dw, 8 fp16 mw, then for g = 0..3 and row j = 0..7 the 4 bytes
+   4g .. 4g + 3 of row j's nibbles (low nibbles: weights 4g .. 4g + 3; high: 16 + 4g ..).
+   Q8_0, 272 bytes: 8 fp16 dw, then for g = 0..7 and row j the 4 codes 4g .. 4g + 3 of row j. */
+
+/* acc[i] (8 rows) gets activation row i's block b: sum over g of the 4-byte groups. */
+#define DEFINE_Q4_1_GROUP(R)                                                                  \
+    static void q4_1_group##R(const uint8_t *p, int64_t nb, const int8_t *q, const float *d,   \
+                              const float *sx, int64_t K, __m256 *out) {                       \
+        const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);             \
+        __m256 acc[R];                                                                        \
+        for (int i = 0; i < R; i++) acc[i] = _mm256_setzero_ps();                             \
+        for (int64_t b = 0; b < nb; b++, p += 160) {                                          \
+            const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));           \
+            const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16)));    \
+            __m256i w[8];                                                                     \
+            for (int g = 0; g < 4; g++) {                                                     \
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(p + 32 + 32 * g));     \
+                w[g] = _mm256_and_si256(v, low4);                                             \
+                w[g + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);                   \
+            }                                                                                 \
+            for (int i = 0; i < R; i++) {                                                     \
+                const int8_t *a = q + i * K + 32 * b;                                         \
+                int32_t four[8];                                                              \
+                memcpy(four, a, 32);                                                          \
+                /* 8 x (2 products of <= 15 * 127): the int16 sums cannot overflow */         \
+                __m256i s16 = _mm256_maddubs_epi16(w[0], _mm256_set1_epi32(four[0]));         \
+                for (int g = 1; g < 8; g++)                                                   \
+                    s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(w[g], _mm256_set1_epi32(four[g]))); \
+                const __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(s16, ones));            \
+                const __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(d[i * nb + b]));        \
+                acc[i] = _mm256_add_ps(_mm256_add_ps(acc[i], _mm256_mul_ps(scale, f)),        \
+                                       _mm256_mul_ps(mw, _mm256_set1_ps(sx[i * nb + b])));    \
+            }                                                                                 \
+        }                                                                                     \
+        for (int i = 0; i < R; i++) out[i] = acc[i];                                          \
+    }                                                                                         \
+    static void q8_0_group##R(const uint8_t *p, int64_t nb, const int8_t *q, const float *d,   \
+                              const float *sx, int64_t K, __m256 *out) {                       \
+        const __m256i ones = _mm256_set1_epi16(1);                                            \
+        (void)sx;                                                                             \
+        __m256 acc[R];                                                                        \
+        for (int i = 0; i < R; i++) acc[i] = _mm256_setzero_ps();                             \
+        for (int64_t b = 0; b < nb; b++, p += 272) {                                          \
+            const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));           \
+            for (int i = 0; i < R; i++) {                                                     \
+                const int8_t *a = q + i * K + 32 * b;                                         \
+                int32_t four[8];                                                              \
+                memcpy(four, a, 32);                                                          \
+                __m256i s32 = _mm256_setzero_si256();                                         \
+                for (int g = 0; g < 8; g++) {                                                 \
+                    const __m256i w = _mm256_loadu_si256((const __m256i *)(p + 16 + 32 * g)); \
+                    const __m256i x = _mm256_sign_epi8(_mm256_set1_epi32(four[g]), w);        \
+                    s32 = _mm256_add_epi32(s32, _mm256_madd_epi16(                            \
+                        _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), x), ones));              \
+                }                                                                             \
+                const __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(d[i * nb + b]));        \
+                acc[i] = _mm256_add_ps(acc[i], _mm256_mul_ps(scale, _mm256_cvtepi32_ps(s32))); \
+            }                                                                                 \
+        }                                                                                     \
+        for (int i = 0; i < R; i++) out[i] = acc[i];                                          \
+    }
+DEFINE_Q4_1_GROUP(1) DEFINE_Q4_1_GROUP(2) DEFINE_Q4_1_GROUP(3) DEFINE_Q4_1_GROUP(4)
+
+typedef void (*group_fn)(const uint8_t *, int64_t, const int8_t *, const float *, const float *,
+                         int64_t, __m256 *);
+static const group_fn GROUPS[2][5] = {
+    {0, q4_1_group1, q4_1_group2, q4_1_group3, q4_1_group4},
+    {0, q8_0_group1, q8_0_group2, q8_0_group3, q8_0_group4},
+};
+
+/* y[M, N] = quantised x . W^T (+ residual) for activations already quantised by
+   quantize_q8_rows and W [N, K] interleaved by groups of 8 rows (kind 0: Q4_1, 1: Q8_0; the
+   last group padded). Each thread streams whole groups in order; activation rows go 4 at a
+   time over a group (its blocks stay in L1 for the next 4). Per output, over blocks b in
+   order: acc = acc + (dw_b * d_b) * float(sum_b) [then + mw_b * sx_b for Q4_1], from 0. */
+void q8_blocks_linear(const int8_t *q, const float *d, const float *sx, const uint8_t *w,
+                      int kind, float *y, const float *residual, int64_t M, int64_t N, int64_t K,
+                      int threads) {
+    const int64_t nb = K / 32, group_bytes = nb * (kind == 0 ? 160 : 272);
+    const int64_t groups = (N + 7) / 8;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t G = 0; G < groups; G++) {
+        const int64_t n0 = G * 8, valid = N - n0 < 8 ? N - n0 : 8;
+        for (int64_t m0 = 0; m0 < M; m0 += 4) {
+            const int R = M - m0 < 4 ? (int)(M - m0) : 4;
+            __m256 acc[4];
+            GROUPS[kind][R](w + G * group_bytes, nb, q + m0 * K, d + m0 * nb, sx + m0 * nb, K, acc);
+            for (int i = 0; i < R; i++) {
+                float *out = y + (m0 + i) * N + n0;
+                if (valid == 8) {
+                    _mm256_storeu_ps(out, acc[i]);
+                } else {
+                    float tmp[8];
+                    _mm256_storeu_ps(tmp, acc[i]);
+                    memcpy(out, tmp, (size_t)valid * sizeof(float));
+                }
+            }
+        }
+    }
+    if (residual)
+        for (int64_t i = 0; i < M * N; i++) y[i] += residual[i];
+}
+
+/* quantize_q8_rows, then q8_blocks_linear: x [M, K] float32 (K % 32 == 0), W interleaved. */
+void int8_linear(const float *x, const uint8_t *w, int kind, float *y, const float *residual,
+                 int64_t M, int64_t N, int64_t K, int threads) {
+    const int64_t nb = K / 32;
+    int8_t *q = (int8_t *)malloc((size_t)(M * K));
+    float *d = (float *)malloc((size_t)(2 * M * nb) * sizeof(float));
+    quantize_q8_rows(x, M, K, q, d, d + M * nb);
+    q8_blocks_linear(q, d, d + M * nb, w, kind, y, residual, M, N, K, threads);
+    free(d);
+    free(q);
+}
