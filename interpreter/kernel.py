@@ -979,6 +979,13 @@ class Kernel:
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.killpg(group, signal.SIGKILL)
                 await process.wait()
+        # In the jail the processes die with their namespace, after its outer process exits:
+        # let their connections end before the service is cancelled (a read cancelled while
+        # its socket turns readable trips asyncio).
+        with anyio.move_on_after(2):
+            for proc in [root, *others]:
+                if proc is not None and proc.stream is not None:
+                    await proc.dead.wait()
         self._procs.clear()
         self._by_pid.clear()
         self._root = self._root_process = None

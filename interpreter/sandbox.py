@@ -51,6 +51,8 @@ from RestrictedPython.transformer import (
     copy_locations,
 )
 
+from agentrt.tools.errors import ToolError
+
 from .protocol import NotPlainDataError, to_plain
 
 SANDBOX_MODULE_NAME = "__sandbox__"
@@ -716,10 +718,6 @@ _UNAVAILABLE_BUILTINS = {
     "breakpoint": "no debugger", "exit": "the cell cannot stop the interpreter",
     "quit": "the cell cannot stop the interpreter", "memoryview": "no raw memory access",
 }
-
-
-class ToolError(Exception):
-    """A tool call failed with an error that is not one of the safe builtin exceptions."""
 
 
 def _unavailable(name: str, reason: str) -> Callable[..., Any]:

@@ -1,17 +1,37 @@
-"""Tools: the ``@tool`` decorator, the `Tool` wrapper and the `ToolRegistry`."""
+"""Tools: the ``@tool`` decorator, the `Tool` wrapper and the `ToolRegistry`.
 
-from .errors import (
-    ToolArgumentError,
-    ToolDefinitionError,
-    ToolError,
-    ToolTimeoutError,
-    UnkeyableArgumentsError,
-    UnknownToolError,
-)
-from .registry import ToolRegistry
-from .tool import Tool, tool
+Names are imported on first use, so that ``agentrt.tools.errors`` (the one `ToolError`, which
+the sandbox's worker processes raise too) loads without pydantic and the rest of the layer.
+"""
 
-__all__ = [
-    "tool", "Tool", "ToolRegistry", "ToolError", "ToolArgumentError", "ToolTimeoutError",
-    "UnknownToolError", "ToolDefinitionError", "UnkeyableArgumentsError",
-]
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+_EXPORTS = {
+    "tool": "definition", "Tool": "definition", "ToolRegistry": "registry",
+    "ToolError": "errors", "ToolArgumentError": "errors", "ToolTimeoutError": "errors",
+    "UnknownToolError": "errors", "ToolDefinitionError": "errors",
+    "UnkeyableArgumentsError": "errors",
+}
+
+__all__ = list(_EXPORTS)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .errors import (
+        ToolArgumentError,
+        ToolDefinitionError,
+        ToolError,
+        ToolTimeoutError,
+        UnkeyableArgumentsError,
+        UnknownToolError,
+    )
+    from .registry import ToolRegistry
+    from .definition import Tool, tool
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from .errors import ToolDefinitionError, UnknownToolError
-from .tool import Tool
+from .definition import Tool
 
 
 class ToolRegistry:
