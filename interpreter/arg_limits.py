@@ -8,7 +8,9 @@ too deeply nested with a `ToolError` that names the limit. The walk stops as soo
 passed, so checking a huge argument costs no more than the limit itself.
 
 Sizes: a ``str`` counts one per character, ``bytes`` / ``bytearray`` one per byte, any other
-value 8, and every container 8 plus its elements (each reference counted again).
+value 8, and every container 8 plus its elements (each reference counted again). Types are
+read with ``type()``, so a value the shadow has not resolved yet counts 8 and is never forced
+(the authoritative run checks the resolved arguments).
 """
 
 from __future__ import annotations
@@ -36,15 +38,15 @@ def check_arguments(tool: str, args: tuple, kwargs: Mapping[str, Any], *,
     stack: list[tuple[Any, int]] = [(tuple(args), 0), (dict(kwargs), 0)]
     while stack:
         value, depth = stack.pop()
-        kind = type(value)
-        if kind is str or kind is bytes or kind is bytearray:
+        kind = type(value)  # the real type: a value not yet known (the shadow's) is not forced
+        if issubclass(kind, (str, bytes, bytearray)):
             total += len(value)
-        elif isinstance(value, (list, tuple, set, frozenset, dict)):
+        elif issubclass(kind, (list, tuple, set, frozenset, dict)):
             if depth >= max_depth:
                 raise ToolError(
                     f"{tool}(): arguments nest deeper than the limit of {max_depth} levels")
             total += _SCALAR_SIZE
-            items = value.items() if isinstance(value, dict) else value
+            items = value.items() if issubclass(kind, dict) else value
             for item in items:
                 stack.append((item, depth + 1))
         else:
