@@ -328,3 +328,15 @@ def test_argument_limits_count_shared_references_and_depth():
     with pytest.raises(ToolError, match="levels"):
         check_arguments("t", (nested,), {})
     assert check_arguments("t", (), {"k": [1, 2, 3]}) < 100
+
+
+def test_argument_limits_never_force_a_lazy_argument():
+    """The shadow checks arguments that may still be unresolved: measuring them must not wait
+    for (force) them, or every call that takes an earlier call's result would be serialised."""
+    from agentrt.interpreter.arg_limits import check_arguments
+    from agentrt.interpreter.lazy_values import _defer
+
+    computed: list[int] = []
+    lazy = _defer(lambda: computed.append(1) or "x" * 100, ())
+    assert check_arguments("t", (lazy, [lazy]), {"k": lazy}) < 100
+    assert computed == []
