@@ -1,10 +1,10 @@
-"""Runtime-side handle on the sandboxed kernel (anyio; runs under asyncio).
+"""Runtime-side handle on the sandboxed REPL (anyio; runs under asyncio).
 
-:class:`Kernel` starts the worker (``python -m agentrt.interpreter.worker``), keeps one
+:class:`Repl` starts the worker (``python -m agentrt.interpreter.worker``), keeps one
 reader task per worker connection, serves tool calls concurrently, and runs cells with
 fork-per-cell rollback: a cell that is killed (CPU or wall-clock limit, crash) leaves the
-namespace as it was before the cell. :class:`KernelProcess` is a handle on one namespace
-(the kernel's own, or a copy-on-write fork of it) -- the primitive the shadow interpreter
+namespace as it was before the cell. :class:`ReplSession` is a handle on one namespace
+(the REPL's own, or a copy-on-write fork of it) -- the primitive the shadow interpreter
 builds on.
 
 Example::
@@ -12,9 +12,9 @@ Example::
     async def handler(name, args, kwargs):
         return {"search": search}[name](*args, **kwargs)
 
-    async with Kernel(handler, {"search": "search(query: str) -> list[str]"}) as kernel:
-        await kernel.set_variable("context", text)
-        result = await kernel.execute("hits = search('x')\\nprint(len(hits))")
+    async with Repl(handler, {"search": "search(query: str) -> list[str]"}) as repl:
+        await repl.set_variable("context", text)
+        result = await repl.execute("hits = search('x')\\nprint(len(hits))")
 """
 
 from __future__ import annotations
@@ -43,8 +43,8 @@ import anyio
 import anyio.abc
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from . import jail
-from .protocol import (
+from .. import jail
+from ..protocol import (
     HEADER,
     MAX_FRAME_BYTES,
     TOKEN_ENV,
@@ -62,7 +62,7 @@ ToolHandler = Callable[[str, tuple[Any, ...], dict[str, Any]], Awaitable[Any]]
 """``async handler(tool_name, args, kwargs) -> result`` (result must be plain data)."""
 
 SHADOW_MESSAGES = frozenset({"launch", "shadow_done"})
-"""Unsolicited messages a forked process may send; they go to ``Kernel.on_message``."""
+"""Unsolicited messages a forked process may send; they go to ``Repl.on_message``."""
 
 HELLO_TIMEOUT_S = 10.0
 EXIT_REPORT_WAIT_S = 2.0
@@ -70,7 +70,7 @@ WORKER_MODULE = "agentrt.interpreter.worker"
 
 
 @dataclasses.dataclass(frozen=True)
-class KernelLimits:
+class ReplLimits:
     """Resource limits of the sandbox.
 
     cpu_s: CPU time one cell may use (RLIMIT_CPU, whole seconds; exceeding it kills the
@@ -101,13 +101,13 @@ class KernelLimits:
     def __post_init__(self) -> None:
         for name in ("cpu_s", "wall_s", "start_timeout_s"):
             if not getattr(self, name) > 0:
-                raise ValueError(f"KernelLimits.{name} must be positive")
+                raise ValueError(f"ReplLimits.{name} must be positive")
         if self.disk_mb < 1:
-            raise ValueError("KernelLimits.disk_mb must be at least 1")
+            raise ValueError("ReplLimits.disk_mb must be at least 1")
         if self.memory_mb < 0 or self.max_output_chars < 0:
-            raise ValueError("KernelLimits.memory_mb and max_output_chars must be >= 0")
+            raise ValueError("ReplLimits.memory_mb and max_output_chars must be >= 0")
         if self.recursion_limit < 100:
-            raise ValueError("KernelLimits.recursion_limit must be at least 100")
+            raise ValueError("ReplLimits.recursion_limit must be at least 100")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,11 +152,11 @@ class VariableSummary:
     repr: str
 
 
-class KernelError(RuntimeError):
-    """The kernel could not do what was asked (failed start, unresponsive worker...)."""
+class ReplError(RuntimeError):
+    """The REPL could not do what was asked (failed start, unresponsive worker...)."""
 
 
-class KernelProcessDied(KernelError):
+class ReplProcessDied(ReplError):
     """The sandbox process behind a handle is no longer running."""
 
 
@@ -221,13 +221,13 @@ class _Proc:
 
     async def send(self, message: dict[str, Any]) -> None:
         if not self.alive:
-            raise KernelProcessDied(f"the sandbox {self.role} process is not running")
+            raise ReplProcessDied(f"the sandbox {self.role} process is not running")
         frame = encode_frame(message, limit=None)
         try:
             async with self.send_lock:
                 await self.stream.send(frame)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
-            raise KernelProcessDied(f"the sandbox {self.role} process is gone") from exc
+            raise ReplProcessDied(f"the sandbox {self.role} process is gone") from exc
 
 
 async def _read_frame(receiver: BufferedByteReceiveStream) -> dict[str, Any]:
@@ -276,7 +276,7 @@ def _check_variable_name(name: str) -> None:
         raise ValueError(f"invalid variable name: {name!r}")
 
 
-class KernelProcess:
+class ReplSession:
     """A sandbox namespace held by a worker process.
 
     ``execute(code, commit=True)`` runs the cell in a forked child that replaces the
@@ -285,8 +285,8 @@ class KernelProcess:
     independent copy-on-write copy.
     """
 
-    def __init__(self, kernel: Kernel, proc: _Proc) -> None:
-        self._kernel = kernel
+    def __init__(self, repl: Repl, proc: _Proc) -> None:
+        self._repl = repl
         self._proc = proc
         self._lock = anyio.Lock()
 
@@ -302,7 +302,7 @@ class KernelProcess:
 
     @property
     def token(self) -> str:
-        """The identity of this handle's process in `Kernel.on_message` callbacks."""
+        """The identity of this handle's process in `Repl.on_message` callbacks."""
         return self._proc.token
 
     async def post(self, message: dict[str, Any]) -> None:
@@ -313,34 +313,34 @@ class KernelProcess:
         """Run ``code`` in this namespace and return what it printed, raised and answered."""
         async with self._lock:
             holder = self._require_alive()
-            return await self._kernel._run_cell(self, holder, code, name, commit)
+            return await self._repl._run_cell(self, holder, code, name, commit)
 
-    async def fork(self) -> KernelProcess:
+    async def fork(self) -> ReplSession:
         """A new handle on a copy-on-write copy of this namespace."""
         async with self._lock:
             holder = self._require_alive()
-            return await self._kernel._fork(holder)
+            return await self._repl._fork(holder)
 
     async def set_variable(self, name: str, value: Any) -> None:
         """Bind ``name`` to ``value`` (plain data) in this namespace."""
         _check_variable_name(name)
         value = to_plain(value)
         async with self._lock:
-            await self._kernel._command(self._require_alive(),
+            await self._repl._command(self._require_alive(),
                                         {"op": "set_var", "name": name, "value": value})
 
     async def get_variable(self, name: str) -> Any:
         """The value of ``name`` as plain data (KeyError if unbound, TypeError if not plain)."""
         async with self._lock:
-            return await self._kernel._command(self._require_alive(),
+            return await self._repl._command(self._require_alive(),
                                                {"op": "get_var", "name": name})
 
     async def namespace_summary(self) -> dict[str, VariableSummary]:
         """``{name: VariableSummary}`` for every variable in the namespace."""
         async with self._lock:
-            raw = await self._kernel._command(self._require_alive(), {"op": "summary"})
+            raw = await self._repl._command(self._require_alive(), {"op": "summary"})
         if not isinstance(raw, dict):
-            raise KernelError("malformed namespace summary from the sandbox")
+            raise ReplError("malformed namespace summary from the sandbox")
         return {str(k): VariableSummary(str(v[0]), str(v[1])) for k, v in raw.items()
                 if isinstance(v, (list, tuple)) and len(v) == 2}
 
@@ -348,32 +348,32 @@ class KernelProcess:
         """Rebuild the tool proxies with ``"package.module:function"``, called as
         ``factory(name, signature, channel)`` in the worker (see worker.py)."""
         async with self._lock:
-            await self._kernel._command(self._require_alive(),
+            await self._repl._command(self._require_alive(),
                                         {"op": "set_proxy", "factory": factory})
 
     async def extend(self, hook: str) -> None:
         """Call ``hook(sandbox, channel)`` (``"package.module:function"``) in the worker,
         e.g. to install builtins or replace ``sandbox.compiler``; forks inherit the result."""
         async with self._lock:
-            await self._kernel._command(self._require_alive(), {"op": "extend", "hook": hook})
+            await self._repl._command(self._require_alive(), {"op": "extend", "hook": hook})
 
     async def kill(self, *, wait: bool = True) -> None:
         """Kill the process holding this namespace (SIGKILL); with ``wait``, until it is gone."""
         proc = self._proc
-        self._kernel._kill(proc, "killed by the runtime")
+        self._repl._kill(proc, "killed by the runtime")
         if wait:
             with anyio.move_on_after(5):
                 await proc.dead.wait()
 
     def _require_alive(self) -> _Proc:
         if not self._proc.alive:
-            raise KernelProcessDied(
+            raise ReplProcessDied(
                 f"the sandbox process {self._proc.pid} holding this namespace is not running")
         return self._proc
 
 
-class Kernel:
-    """The sandboxed kernel: one persistent namespace, run cell by cell, in worker processes.
+class Repl:
+    """The sandboxed REPL: one persistent namespace, run cell by cell, in worker processes.
 
     ``tool_handler`` serves the tool calls made by sandboxed code; ``tool_names`` lists the
     tools (a mapping gives each a one-line signature for ``help()``). Use as an async
@@ -382,7 +382,7 @@ class Kernel:
 
     def __init__(self, tool_handler: ToolHandler,
                  tool_names: Iterable[str] | Mapping[str, str] = (),
-                 limits: KernelLimits = KernelLimits()) -> None:
+                 limits: ReplLimits = ReplLimits()) -> None:
         self._tool_handler = tool_handler
         if isinstance(tool_names, Mapping):
             self._tools = {str(k): str(v) for k, v in tool_names.items()}
@@ -406,7 +406,7 @@ class Kernel:
         self._service: asyncio.Task[None] | None = None
         self._root: _Proc | None = None
         self._root_process: anyio.abc.Process | None = None
-        self._main: KernelProcess | None = None
+        self._main: ReplSession | None = None
         self._jail = jail.OFF
         self.on_message: Callable[[str, dict[str, Any]], None] | None = None
         """Receives ``(process token, message)`` for the shadow messages of forked processes."""
@@ -415,7 +415,7 @@ class Kernel:
         self._handler_takes_line = "line" in inspect.signature(tool_handler).parameters
 
     # -- lifecycle --------------------------------------------------------------
-    async def __aenter__(self) -> Kernel:
+    async def __aenter__(self) -> Repl:
         await self.start()
         return self
 
@@ -425,26 +425,26 @@ class Kernel:
     async def start(self) -> None:
         """Start the worker and create the namespace."""
         if self._closed:
-            raise KernelError("this kernel was closed")
+            raise ReplError("this repl was closed")
         if self._started:
             return
         loop = asyncio.get_running_loop()
         self._started = True
         self._lock = anyio.Lock()
-        self._tmpdir = Path(tempfile.mkdtemp(prefix="agentrt-kernel-"))
+        self._tmpdir = Path(tempfile.mkdtemp(prefix="agentrt-repl-"))
         (self._tmpdir / "work").mkdir()
-        self._socket_path = str(self._tmpdir / "kernel.sock")
+        self._socket_path = str(self._tmpdir / "repl.sock")
         try:
             try:
                 self._jail = await anyio.to_thread.run_sync(jail.plan_jail, self.limits.jail)
             except jail.JailUnavailable as exc:
-                raise KernelError(str(exc)) from None
+                raise ReplError(str(exc)) from None
             self._listener = await anyio.create_unix_listener(self._socket_path, mode=0o600)
             service_ready = anyio.Event()
             self._service = loop.create_task(self._run_service(service_ready))
             await service_ready.wait()
             await self._start_root()
-            self._main = KernelProcess(self, await self._spawn_holder())
+            self._main = ReplSession(self, await self._spawn_holder())
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await self.aclose()
@@ -464,7 +464,7 @@ class Kernel:
             if self._service is not None:
                 await asyncio.wait([self._service])
                 if not self._service.cancelled() and self._service.exception() is not None:
-                    logger.error("kernel service task failed", exc_info=self._service.exception())
+                    logger.error("repl service task failed", exc_info=self._service.exception())
             if self._listener is not None:
                 with contextlib.suppress(Exception):
                     await self._listener.aclose()
@@ -485,9 +485,9 @@ class Kernel:
     async def execute(self, code: str, *, name: str = "cell") -> CellResult:
         """Run a cell in the persistent namespace (fork-per-cell: killed cells roll back).
 
-        If the process holding the namespace died, the kernel restarts with an empty
+        If the process holding the namespace died, the REPL restarts with an empty
         namespace (restoring the variables given with :meth:`set_variable`) and returns an
-        error of type ``KernelRestarted`` saying so, without running the cell.
+        error of type ``ReplRestarted`` saying so, without running the cell.
         """
         self._check_running()
         async with self._lock:
@@ -495,22 +495,22 @@ class Kernel:
             if self._unreported_restart is None:
                 try:
                     result = await self._main.execute(code, name=name, commit=True)
-                except KernelProcessDied:  # the holder died just before the cell started
+                except ReplProcessDied:  # the holder died just before the cell started
                     await self._ensure_main()
             if self._unreported_restart is not None:
                 notice, self._unreported_restart = self._unreported_restart, None
-                message = f"KernelRestarted: {notice}. This cell was not run."
-                return CellResult("", message, "KernelRestarted", None, 0.0, killed=True)
+                message = f"ReplRestarted: {notice}. This cell was not run."
+                return CellResult("", message, "ReplRestarted", None, 0.0, killed=True)
             if result.killed and not self._main.alive:
                 await self._ensure_main()
                 notice, self._unreported_restart = self._unreported_restart, None
-                result.error = f"{result.error}\nKernelRestarted: {notice}."
+                result.error = f"{result.error}\nReplRestarted: {notice}."
             return result
 
     async def set_variable(self, name: str, value: Any) -> None:
         """Bind ``name`` to plain-data ``value`` in the namespace (e.g. the ``context``).
 
-        The kernel remembers these values and restores them if it has to restart.
+        The REPL remembers these values and restores them if it has to restart.
         """
         self._check_running()
         _check_variable_name(name)
@@ -534,14 +534,14 @@ class Kernel:
             await self._ensure_main()
             return await self._main.namespace_summary()
 
-    async def fork(self) -> KernelProcess:
+    async def fork(self) -> ReplSession:
         """A copy-on-write copy of the namespace as a new handle (for speculative runs)."""
         self._check_running()
         async with self._lock:
             await self._ensure_main()
             return await self._main.fork()
 
-    async def fork_holder(self, *, shadow: bool = False) -> KernelProcess:
+    async def fork_holder(self, *, shadow: bool = False) -> ReplSession:
         """Fork the process holding the namespace *now*, without waiting for a running cell.
 
         With ``shadow`` the fork may never make a real tool call: one that arrives anyway is
@@ -549,11 +549,11 @@ class Kernel:
         reported to ``on_message`` as ``refused_call``.
 
         While a cell runs, the holder still has the namespace as it was before the cell, so
-        the fork sees that state. Raises `KernelProcessDied` if the holder is being replaced.
+        the fork sees that state. Raises `ReplProcessDied` if the holder is being replaced.
         """
         self._check_running()
         if self._main is None:
-            raise KernelProcessDied("the kernel has no namespace holder")
+            raise ReplProcessDied("the REPL has no namespace holder")
         return await self._fork(self._main._require_alive(), tool_calls=not shadow)
 
     async def set_proxy_factory(self, factory: str) -> None:
@@ -573,7 +573,7 @@ class Kernel:
 
     def _check_running(self) -> None:
         if not self._started or self._closed:
-            raise KernelError("the kernel is not running (call start() or use 'async with')")
+            raise ReplError("the REPL is not running (call start() or use 'async with')")
 
     # -- service: connections, frames, tool calls ------------------------------
     async def _run_service(self, ready: anyio.Event) -> None:
@@ -684,7 +684,7 @@ class Kernel:
                  "message": f"{name}(): a shadow process may not call tools"}
 
         async def send() -> None:
-            with contextlib.suppress(KernelProcessDied):
+            with contextlib.suppress(ReplProcessDied):
                 await proc.send(reply)
 
         self._group.start_soon(send)
@@ -710,7 +710,7 @@ class Kernel:
             finally:
                 proc.tool_scopes.discard(scope)
         if reply is not None:
-            with contextlib.suppress(KernelProcessDied):
+            with contextlib.suppress(ReplProcessDied):
                 await proc.send(reply)
 
     # -- processes ------------------------------------------------------------------
@@ -800,7 +800,7 @@ class Kernel:
         with anyio.move_on_after(1):
             await proc.exited.wait()
         status = self._death_cause(proc)
-        raise KernelError(f"{what} did not start ({status}){self._log_tail()}")
+        raise ReplError(f"{what} did not start ({status}){self._log_tail()}")
 
     async def _spawn_holder(self) -> _Proc:
         holder = self._new_proc("holder", parent=self._root)
@@ -809,7 +809,7 @@ class Kernel:
         await self._await_ready(holder, "the sandbox namespace process")
         return holder
 
-    async def _fork(self, holder: _Proc, *, tool_calls: bool = True) -> KernelProcess:
+    async def _fork(self, holder: _Proc, *, tool_calls: bool = True) -> ReplSession:
         child = self._new_proc("fork", parent=holder)
         child.tool_calls_allowed = tool_calls
         try:
@@ -819,7 +819,7 @@ class Kernel:
         except BaseException:
             self._kill(child, "fork failed")
             raise
-        return KernelProcess(self, child)
+        return ReplSession(self, child)
 
     async def _command(self, proc: _Proc, message: dict[str, Any], *,
                        timeout: float | None = None) -> Any:
@@ -835,9 +835,9 @@ class Kernel:
             proc.pending.discard(pending)
         if not pending.done.is_set():
             self._kill(proc, f"it did not answer {message['op']!r} in time")
-            raise KernelError(f"the sandbox process did not answer {message['op']!r} in time")
+            raise ReplError(f"the sandbox process did not answer {message['op']!r} in time")
         if pending.reply is None:
-            raise KernelProcessDied(f"the sandbox process died ({self._death_cause(proc)})")
+            raise ReplProcessDied(f"the sandbox process died ({self._death_cause(proc)})")
         return _reply_value(pending.reply)
 
     def _new_pending(self, senders: frozenset[_Proc]) -> _Pending:
@@ -846,7 +846,7 @@ class Kernel:
         self._pending[pending.id] = pending
         return pending
 
-    async def _run_cell(self, handle: KernelProcess, holder: _Proc, code: str, name: str,
+    async def _run_cell(self, handle: ReplSession, holder: _Proc, code: str, name: str,
                         commit: bool) -> CellResult:
         if not isinstance(code, str) or not isinstance(name, str):
             raise TypeError("code and name must be strings")
@@ -890,7 +890,7 @@ class Kernel:
             return CellResult("", f"{error_type}: {text}", error_type, None, duration, killed=True)
         if commit and pending.replied_by is runner:
             handle._proc = runner
-            with contextlib.suppress(KernelProcessDied):
+            with contextlib.suppress(ReplProcessDied):
                 await holder.send({"op": "exit"})
         return _cell_result(pending.reply, duration)
 
@@ -938,7 +938,7 @@ class Kernel:
         if self._root is None or not self._root.alive:
             await self._stop_processes()
             await self._start_root()
-        self._main = KernelProcess(self, await self._spawn_holder())
+        self._main = ReplSession(self, await self._spawn_holder())
         for method, path in self._setup_steps:
             await getattr(self._main, method)(path)
         for name, value in self._runtime_variables.items():
@@ -963,13 +963,13 @@ class Kernel:
                     os.killpg(group, signal.SIGTERM)  # every process but the root
         others = [proc for proc in list(self._procs.values()) if proc is not root]
         for proc in others:
-            self._kill(proc, "the kernel was closed")
+            self._kill(proc, "the REPL was closed")
         with anyio.move_on_after(3):
             for proc in others:
                 if proc.stream is not None:
                     await proc.dead.wait()
         if root is not None and root.alive:
-            with contextlib.suppress(KernelProcessDied):
+            with contextlib.suppress(ReplProcessDied):
                 await root.send({"op": "exit"})
         if process is not None:
             with anyio.move_on_after(3):
@@ -1015,7 +1015,7 @@ def _reply_value(reply: dict[str, Any]) -> Any:
         raise TypeError(message)
     if error_type == "ValueError":
         raise ValueError(message)
-    raise KernelError(f"{error_type}: {message}")
+    raise ReplError(f"{error_type}: {message}")
 
 
 def _cell_result(reply: dict[str, Any], duration: float) -> CellResult:
