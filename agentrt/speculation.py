@@ -50,7 +50,7 @@ from typing import Any
 
 import anyio
 
-from agentrt.interpreter.repl import Repl, ReplError, ReplSession
+from agentrt.interpreter.repl import Repl, ReplError, ReplMessages, ReplSession
 from agentrt.interpreter.repair import repair_tail
 from agentrt.tools import ToolRegistry
 
@@ -150,6 +150,8 @@ class Speculator:
         self.ledger = Ledger(self._invoke_early, budget, trace.now)
         self.speculatable = frozenset(t.name for t in registry if t.speculate)
         self._tg: anyio.abc.TaskGroup | None = None
+        self._messages: ReplMessages | None = None
+        """The REPL's stream of shadow messages, followed by a task of ``_tg``."""
         self._shadow: _Shadow | None = None
         self._dirty = anyio.Event()
         self._turn = -1
@@ -165,16 +167,18 @@ class Speculator:
         self._counted: set[int] = set()
 
     async def __aenter__(self) -> "Speculator":
+        self._messages = self.repl.messages()
         await self.ledger.__aenter__()
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         self._tg.start_soon(self._drive)
-        self.repl.on_message = self._on_message
+        self._tg.start_soon(self._follow_messages, self._messages)
         return self
 
     async def __aexit__(self, *exc: Any) -> bool | None:
         assert self._tg is not None
-        self.repl.on_message = None
+        assert self._messages is not None
+        self._messages.close()
         self._settle(lambda c: True)
         await self._kill_shadow()
         self._tg.cancel_scope.cancel()
@@ -380,6 +384,12 @@ class Speculator:
         if shadow is not None:
             with contextlib.suppress(Exception):
                 await shadow.handle.kill(wait=False)
+
+    async def _follow_messages(self, messages: ReplMessages) -> None:
+        """Handle the shadows' messages in arrival order, each before the next is received."""
+        with contextlib.suppress(anyio.ClosedResourceError):
+            async for token, message in messages:
+                self._on_message(token, message)
 
     def _on_message(self, token: str, message: dict[str, Any]) -> None:
         op = message.get("op")

@@ -18,6 +18,7 @@ _EXPORTS = {
     "VariableSummary": "repl",
     "ReplError": "repl",
     "ReplProcessDied": "repl",
+    "ReplMessages": "repl",
     "ToolHandler": "repl",
     "Sandbox": "sandbox",
     "ToolError": "sandbox",

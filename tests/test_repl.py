@@ -471,3 +471,34 @@ def test_to_plain_converts_subclasses_and_refuses_the_rest():
         to_plain(loop)
     with pytest.raises(TypeError):
         to_plain({"f": time.time})
+
+
+async def test_a_tool_call_waits_until_earlier_messages_are_received():
+    events: list[str] = []
+
+    async def handler(name, args, kwargs):
+        events.append("call")
+        return 1
+
+    async with Repl(handler, {"act": "act(x)"}) as r:
+        await r.execute("keep = act")
+        messages = r.messages()
+        with pytest.raises(ReplError, match="already open"):
+            r.messages()
+        shadow = await r.fork_holder(shadow=True)
+        assert (await shadow.execute("keep(1)")).error_type == "PermissionError"
+        plain = await r.fork_holder()
+
+        async def receive_late() -> None:
+            await anyio.sleep(0.5)
+            token, message = await messages.receive()
+            assert token == shadow.token
+            events.append(f"received {message['op']}")
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(receive_late)
+            assert (await plain.execute("r = keep(2)")).ok
+        assert events == ["received refused_call", "call"]
+        messages.close()
+        assert (await plain.execute("r = keep(3)")).ok  # a closed stream holds nothing back
+        r.messages().close()  # another may be opened once the first is closed

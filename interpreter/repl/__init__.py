@@ -5,7 +5,8 @@
 
 Modules: ``limits`` (ReplLimits), ``results`` (cell results and errors), ``processes`` (the
 process table), ``service`` (the socket service: connections and frame dispatch),
-``session`` (Repl, ReplSession and the cell runner).
+``messages`` (the stream of forked sessions' messages), ``session`` (Repl, ReplSession and the
+cell runner).
 
 Example::
 
@@ -18,11 +19,12 @@ Example::
 """
 
 from .limits import ReplLimits
+from .messages import Message, ReplMessages
 from .results import CellResult, FinalAnswer, ReplError, ReplProcessDied, VariableSummary
 from .service import ToolHandler
 from .session import Repl, ReplSession
 
 __all__ = [
-    "CellResult", "FinalAnswer", "Repl", "ReplError", "ReplLimits", "ReplProcessDied",
-    "ReplSession", "ToolHandler", "VariableSummary",
+    "CellResult", "FinalAnswer", "Message", "Repl", "ReplError", "ReplLimits", "ReplMessages",
+    "ReplProcessDied", "ReplSession", "ToolHandler", "VariableSummary",
 ]

@@ -2,7 +2,7 @@
 
 Replies resolve pending requests, tool calls run concurrently through the tool handler,
 process bookkeeping (``forked``, ``child_exit``) updates the process table, and any other
-message from a forked process is passed on, unread, to ``on_message``.
+message from a forked process is passed on, unread, to the message stream (messages.py).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from ..protocol import (
     to_plain,
     wire_exception_type,
 )
+from .messages import ReplMessages
 from .processes import Proc, ProcessTable
 from .results import ReplProcessDied
 
@@ -40,27 +41,24 @@ ToolHandler = Callable[[str, tuple[Any, ...], dict[str, Any]], Awaitable[Any]]
 
 HELLO_TIMEOUT_S = 10.0
 
-SHADOW_MESSAGES = frozenset({"launch", "shadow_done"})
-"""Unsolicited messages a forked process may send; they go to ``on_message``."""
 
 
 class ReplService:
     """Listens on the REPL's Unix socket and keeps one reader task per worker connection.
 
     ``namespaces``: the workers run in the jail's PID namespace (their own pids differ from
-    the runtime's). ``on_message(token, message)`` receives the messages of forked
-    processes that the service does not handle itself, and ``refused_call`` notices.
+    the runtime's). ``messages``, when set, receives the messages of forked processes that
+    the service does not handle itself, and a ``refused_call`` notice for each refused call.
     """
 
     def __init__(self, table: ProcessTable, tools: Mapping[str, str], tool_handler: ToolHandler,
-                 *, namespaces: bool,
-                 on_message: Callable[[str, dict[str, Any]], None]) -> None:
+                 *, namespaces: bool, messages: ReplMessages | None = None) -> None:
         self._table = table
         self._tools = tools
         self._tool_handler = tool_handler
         self._handler_takes_line = "line" in inspect.signature(tool_handler).parameters
         self._namespaces = namespaces
-        self._on_message = on_message
+        self.messages = messages
         self._listener: anyio.abc.Listener | None = None
         self._group: anyio.abc.TaskGroup | None = None
         self._task: asyncio.Task[None] | None = None
@@ -166,7 +164,7 @@ class ReplService:
                 self._refuse_tool_call(proc, call_id, name)
                 return
             self._group.start_soon(self._run_tool_call, proc, call_id, name, tuple(args), kwargs,
-                                   line if type(line) is int else None)
+                                   line if type(line) is int else None, self._messages_mark())
         elif op == "forked":
             child = self._table.by_token.get(message.get("token"))  # type: ignore[arg-type]
             pid = message.get("pid")
@@ -185,14 +183,23 @@ class ReplService:
                 if target.stream is None:
                     target.mark_dead()
                 self._table.forget_if_finished(target)
-        elif op in SHADOW_MESSAGES and proc.role == "fork":
-            self._on_message(proc.token, message)
-        elif op not in SHADOW_MESSAGES:
+        elif proc.role == "fork":
+            self._post(proc.token, message)
+        else:
             raise ProtocolError(f"unknown message {op!r}")
+
+    def _post(self, token: str, message: dict[str, Any]) -> None:
+        if self.messages is not None:
+            self.messages.post(token, message)
+
+    def _messages_mark(self) -> int:
+        """How many messages precede a tool call dispatched now (0: no stream to wait for)."""
+        messages = self.messages
+        return messages.mark() if messages is not None and not messages.closed else 0
 
     def _refuse_tool_call(self, proc: Proc, call_id: int, name: str) -> None:
         self.refused_tool_calls += 1
-        self._on_message(proc.token, {"op": "refused_call", "name": name})
+        self._post(proc.token, {"op": "refused_call", "name": name})
         reply = {"op": "tool_error", "call": call_id, "type": "PermissionError",
                  "original_type": "PermissionError",
                  "message": f"{name}(): a shadow process may not call tools"}
@@ -205,11 +212,14 @@ class ReplService:
 
     async def _run_tool_call(self, proc: Proc, call_id: int, name: str,
                              args: tuple[Any, ...], kwargs: dict[str, Any],
-                             line: int | None = None) -> None:
+                             line: int | None = None, messages_before: int = 0) -> None:
         reply: dict[str, Any] | None = None
         with anyio.CancelScope() as scope:
             proc.tool_scopes.add(scope)
             try:
+                messages = self.messages
+                if messages is not None and messages_before:
+                    await messages.wait_received(messages_before)  # they precede this call
                 if name not in self._tools:
                     raise LookupError(f"unknown tool {name!r}")
                 if self._handler_takes_line:

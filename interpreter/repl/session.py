@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ import anyio.abc
 from .. import jail
 from ..protocol import TOKEN_ENV, to_plain
 from .limits import ReplLimits
+from .messages import ReplMessages
 from .processes import Proc, ProcessTable, death_cause
 from .results import CellResult, ReplError, ReplProcessDied, VariableSummary, cell_result, reply_value
 from .service import ReplService, ToolHandler
@@ -83,7 +84,7 @@ class ReplSession:
 
     @property
     def token(self) -> str:
-        """The identity of this handle's process in `Repl.on_message` callbacks."""
+        """The identity of this handle's process in the REPL's message stream."""
         return self._proc.token
 
     async def post(self, message: dict[str, Any]) -> None:
@@ -183,8 +184,7 @@ class Repl:
         self._root_process: anyio.abc.Process | None = None
         self._main: ReplSession | None = None
         self._jail = jail.OFF
-        self.on_message: Callable[[str, dict[str, Any]], None] | None = None
-        """Receives ``(process token, message)`` for the shadow messages of forked processes."""
+        self._messages: ReplMessages | None = None
 
     # -- lifecycle --------------------------------------------------------------
     async def __aenter__(self) -> Repl:
@@ -212,7 +212,7 @@ class Repl:
                 raise ReplError(str(exc)) from None
             self._service = ReplService(self._table, self._tools, self._tool_handler,
                                         namespaces=self._jail.namespaces,
-                                        on_message=self._pass_on)
+                                        messages=self._messages)
             await self._service.start(self._socket_path)
             await self._start_root()
             self._main = ReplSession(self, await self._spawn_holder())
@@ -240,9 +240,20 @@ class Repl:
         """Real tool calls refused because they came from a shadow fork."""
         return self._service.refused_tool_calls if self._service is not None else 0
 
-    def _pass_on(self, token: str, message: dict[str, Any]) -> None:
-        if self.on_message is not None:
-            self.on_message(token, message)
+    def messages(self) -> ReplMessages:
+        """Open the stream of unsolicited messages from forked sessions, for one consumer.
+
+        It yields ``(session token, message)`` in arrival order, messages unread by the
+        REPL, plus ``{"op": "refused_call", "name": tool}`` for each refused shadow tool
+        call (see :meth:`fork_holder`). May be opened before :meth:`start`; close it to stop
+        (later messages are then dropped) before opening another.
+        """
+        if self._messages is not None and not self._messages.closed:
+            raise ReplError("the REPL's message stream is already open")
+        self._messages = ReplMessages()
+        if self._service is not None:
+            self._service.messages = self._messages
+        return self._messages
 
     @property
     def pid(self) -> int | None:
@@ -319,7 +330,7 @@ class Repl:
 
         With ``shadow`` the fork may never make a real tool call: one that arrives anyway is
         refused (the code gets a PermissionError), counted in ``refused_tool_calls`` and
-        reported to ``on_message`` as ``refused_call``.
+        reported on the message stream (:meth:`messages`) as ``refused_call``.
 
         While a cell runs, the holder still has the namespace as it was before the cell, so
         the fork sees that state. Raises `ReplProcessDied` if the holder is being replaced.
