@@ -26,7 +26,7 @@ _EXPORTS = {
     "Engine": "agentrt.engine",
     "ReplayEngine": "agentrt.engine",
     "SamplingParams": "agentrt.engine",
-    "KernelLimits": "agentrt.interpreter.kernel",
+    "ReplLimits": "agentrt.interpreter.repl",
     "SpeculationBudget": "agentrt.ledger",
     "Tool": "agentrt.tools",
     "ToolError": "agentrt.tools",
@@ -37,7 +37,7 @@ __all__ = [*_EXPORTS, "__version__"]
 
 if TYPE_CHECKING:  # pragma: no cover
     from agentrt.engine import Engine, ReplayEngine, SamplingParams
-    from agentrt.interpreter.kernel import KernelLimits
+    from agentrt.interpreter.repl import ReplLimits
     from agentrt.ledger import SpeculationBudget
     from agentrt.tools import Tool, ToolError, tool
 

@@ -11,7 +11,7 @@ from typing import Any
 import anyio
 
 from agentrt.engine.base import Engine, EngineError, Message, SamplingParams
-from agentrt.interpreter.kernel import Kernel, KernelError, KernelLimits
+from agentrt.interpreter.repl import Repl, ReplError, ReplLimits
 from agentrt.interpreter.protocol import to_plain
 from agentrt.interpreter.segmenter import BlockClosed, BlockOpened, CodeStream, StatementClosed
 from agentrt.tools import Tool, ToolRegistry
@@ -33,7 +33,7 @@ class Agent:
     """A code-writing agent: a model engine, a sandboxed REPL and a set of tools.
 
     Each turn the model's response is streamed; every fenced ```repl / ```python block runs in
-    the sandboxed kernel as soon as it is complete; what it printed (and any error) becomes the
+    the sandboxed REPL as soon as it is complete; what it printed (and any error) becomes the
     next user message. The run ends when code calls ``FINAL(answer)`` / ``FINAL_VAR("name")``
     (or the response says ``FINAL(...)`` in prose), or after ``max_turns``.
 
@@ -58,7 +58,7 @@ class Agent:
         sampling: SamplingParams | None = None,
         sub_sampling: SamplingParams | None = None,
         builtin_tools: bool = True,
-        kernel_limits: KernelLimits | None = None,
+        repl_limits: ReplLimits | None = None,
         max_observation_chars: int = 4000,
         budget: SpeculationBudget | None = None,
         on_event: Callable[[Event], None] | None = None,
@@ -79,7 +79,7 @@ class Agent:
         self.system_prompt = system_prompt
         self.examples = list(examples)
         self.sampling = sampling or SamplingParams(max_tokens=1024)
-        self.kernel_limits = kernel_limits or KernelLimits()
+        self.repl_limits = repl_limits or ReplLimits()
         self.max_observation_chars = max_observation_chars
         self.budget = budget or SpeculationBudget()
         self.on_event = on_event
@@ -105,7 +105,7 @@ class _Run:
         self.trace = Trace(agent.on_event)
         self.stats = RunStats()
         self.turns: list[TurnRecord] = []
-        self.kernel: Kernel | None = None
+        self.repl: Repl | None = None
         self.answer: Any = None
         self.finished = False
         self.spec: Speculator | None = None
@@ -113,31 +113,31 @@ class _Run:
         """When the run stopped on an error (tearing the sandbox down is not counted)."""
         self._call_ids = 0
         self._current_block: tuple[int, int] = (0, 0)
-        self._kernel_ready = anyio.Event()
-        self._kernel_error: BaseException | None = None
+        self._repl_ready = anyio.Event()
+        self._repl_error: BaseException | None = None
 
-    async def _start_kernel(self, kernel: Kernel, context: Any) -> None:
+    async def _start_repl(self, repl: Repl, context: Any) -> None:
         """Start the sandbox and bind ``context``; a failure is raised by the first block."""
         try:
-            await kernel.start()
-            await kernel.set_variable("context", context)
+            await repl.start()
+            await repl.set_variable("context", context)
         except Exception as exc:
-            self._kernel_error = exc
+            self._repl_error = exc
         finally:
-            self._kernel_ready.set()
+            self._repl_ready.set()
 
-    async def _kernel(self) -> Kernel:
+    async def _repl(self) -> Repl:
         """The started sandbox (waits for its start; raises its start error)."""
-        await self._kernel_ready.wait()
-        if self._kernel_error is not None:
-            raise self._kernel_error
-        assert self.kernel is not None
-        return self.kernel
+        await self._repl_ready.wait()
+        if self._repl_error is not None:
+            raise self._repl_error
+        assert self.repl is not None
+        return self.repl
 
     # -- tools -------------------------------------------------------------------------------
 
     async def call_tool(self, name: str, args: tuple, kwargs: dict, line: int | None = None) -> Any:
-        """The kernel's tool handler for the authoritative run: claim or invoke, trace, count."""
+        """The REPL's tool handler for the authoritative run: claim or invoke, trace, count."""
         turn, block = self._current_block
         if self.spec is not None:
             hit, value = await self.spec.claim(name, args, kwargs, block=block)
@@ -160,26 +160,26 @@ class _Run:
             signatures = {t.name: t.signature_line() for t in agent.registry}
             context = to_plain(self.context)  # not plain data: a TypeError now, as before
             async with contextlib.AsyncExitStack() as stack:
-                kernel = Kernel(self.call_tool, signatures, limits=agent.kernel_limits)
-                stack.push_async_callback(kernel.aclose)
-                self.kernel = kernel
+                repl = Repl(self.call_tool, signatures, limits=agent.repl_limits)
+                stack.push_async_callback(repl.aclose)
+                self.repl = repl
                 if agent.speculation:
                     self.spec = await stack.enter_async_context(
-                        Speculator(kernel, agent.registry, agent.budget, self.trace, self.stats,
-                                   ready=self._kernel_ready)
+                        Speculator(repl, agent.registry, agent.budget, self.trace, self.stats,
+                                   ready=self._repl_ready)
                     )
                 # The sandbox starts while the model streams its first tokens; the first block
                 # (and the first shadow) wait for it.
                 failure: Exception | None = None
                 async with anyio.create_task_group() as starter:
-                    starter.start_soon(self._start_kernel, kernel, context)
+                    starter.start_soon(self._start_repl, repl, context)
                     try:
                         status, end, namespace = await self._converse()
                     except Exception as exc:  # raised below, outside the task group
                         failure = exc
                 if failure is not None:
                     raise failure
-        except (EngineError, KernelError) as exc:
+        except (EngineError, ReplError) as exc:
             end = self.stopped_s
             status, error = "error", f"{type(exc).__name__}: {exc}"
             self.trace.emit("run_error", error=error)
@@ -203,7 +203,7 @@ class _Run:
             messages.append({"role": "user", "content": turn.observation})
         end = self.trace.now()  # the answer is known; closing the sandbox is not waited on
         if self.agent.capture_namespace:
-            summary = await (await self._kernel()).namespace_summary()
+            summary = await (await self._repl()).namespace_summary()
             namespace = {k: f"{v.type_name}: {v.repr}" for k, v in summary.items()}
         return status, end, namespace
 
@@ -262,9 +262,9 @@ class _Run:
                     self.stopped_s = self.trace.now()
         if self.spec is not None:
             await self.spec.end_turn()
-        if self._kernel_error is not None:
+        if self._repl_error is not None:
             self.stopped_s = self.trace.now()
-            raise self._kernel_error
+            raise self._repl_error
         turn.response = "".join(text)
         if stream_error is not None:
             turn.finished_s = self.trace.now()
@@ -305,18 +305,18 @@ class _Run:
                     self.spec.block_closed(ev.block_index, ev.code)
 
     async def _run_block(self, turn: TurnRecord, block: BlockClosed) -> None:
-        await self._kernel_ready.wait()
-        if self._kernel_error is not None:
+        await self._repl_ready.wait()
+        if self._repl_error is not None:
             self.finished = True  # the run stops: the error is raised after the turn
             return
-        assert self.kernel is not None
+        assert self.repl is not None
         record = BlockRecord(code=block.code, started_s=self.trace.now())
         turn.blocks.append(record)
         self.trace.emit("exec_started", turn=turn.index, block=block.block_index)
         self._current_block = (turn.index, block.block_index)
         if self.spec is not None:
             self.spec.block_started(block.block_index)
-        result = await self.kernel.execute(block.code)
+        result = await self.repl.execute(block.code)
         if self.spec is not None:
             self.spec.block_executed(block.block_index)
         record.stdout, record.error = result.stdout, result.error
@@ -334,9 +334,9 @@ class _Run:
         prose = _FENCED.sub("", turn.response)
         match = _TEXT_FINAL_VAR.search(prose)
         if match:
-            kernel = await self._kernel()
+            repl = await self._repl()
             try:
-                self.answer = await kernel.get_variable(match.group(1))
+                self.answer = await repl.get_variable(match.group(1))
             except (KeyError, NameError):
                 return
             self.finished = True

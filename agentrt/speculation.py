@@ -16,7 +16,7 @@ all its code and a call it covers was not adopted, that call is cancelled.
 
 Rules that keep the promise "same answers and effects, sooner":
 
-* **No early effects.** A shadow fork may not make real tool calls (the kernel refuses and
+* **No early effects.** A shadow fork may not make real tool calls (the REPL refuses and
   counts them); the shadow routes every tool object it reaches through its launch logic, and a
   tool that is not speculatable stops the shadow there.
 * **Effect barrier.** Every early call belongs to an *epoch*: the number of effectful calls the
@@ -30,7 +30,7 @@ Rules that keep the promise "same answers and effects, sooner":
   depends on results) go out in a window of ``TAIL_WINDOW`` unclaimed calls per site, which
   slides forward as the authoritative run claims them.
 
-The authoritative run (the kernel executing the complete block) claims calls by key: a hit waits
+The authoritative run (the REPL executing the complete block) claims calls by key: a hit waits
 for the early call's result, a miss calls the tool itself. Counting is decided once the block
 has executed (or the turn ended), from what the program did, not from which event came first: an
 early call never claimed is **wasted** if the authoritative run called that key in that block
@@ -50,7 +50,7 @@ from typing import Any
 
 import anyio
 
-from agentrt.interpreter.kernel import Kernel, KernelError, KernelProcess
+from agentrt.interpreter.repl import Repl, ReplError, ReplMessages, ReplSession
 from agentrt.interpreter.repair import repair_tail
 from agentrt.tools import ToolRegistry
 
@@ -104,7 +104,7 @@ class _BlockCode:
 class _Shadow:
     """One shadow process and what it has launched or adopted."""
 
-    handle: KernelProcess
+    handle: ReplSession
     turn: int
     epoch: int
     layout: list[tuple[int, int]]
@@ -139,17 +139,19 @@ class _Shadow:
 class Speculator:
     """Shadow runs and early calls for one agent run; use as an async context manager."""
 
-    def __init__(self, kernel: Kernel, registry: ToolRegistry, budget: SpeculationBudget,
+    def __init__(self, repl: Repl, registry: ToolRegistry, budget: SpeculationBudget,
                  trace: Trace, stats: RunStats, ready: anyio.Event | None = None) -> None:
-        self.kernel = kernel
-        self._kernel_ready = ready
-        """Set once the kernel has started (shadows wait for it); None: started already."""
+        self.repl = repl
+        self._repl_ready = ready
+        """Set once the REPL has started (shadows wait for it); None: started already."""
         self.registry = registry
         self.trace = trace
         self.stats = stats
         self.ledger = Ledger(self._invoke_early, budget, trace.now)
         self.speculatable = frozenset(t.name for t in registry if t.speculate)
         self._tg: anyio.abc.TaskGroup | None = None
+        self._messages: ReplMessages | None = None
+        """The REPL's stream of shadow messages, followed by a task of ``_tg``."""
         self._shadow: _Shadow | None = None
         self._dirty = anyio.Event()
         self._turn = -1
@@ -165,16 +167,18 @@ class Speculator:
         self._counted: set[int] = set()
 
     async def __aenter__(self) -> "Speculator":
+        self._messages = self.repl.messages()
         await self.ledger.__aenter__()
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         self._tg.start_soon(self._drive)
-        self.kernel.on_message = self._on_message
+        self._tg.start_soon(self._follow_messages, self._messages)
         return self
 
     async def __aexit__(self, *exc: Any) -> bool | None:
         assert self._tg is not None
-        self.kernel.on_message = None
+        assert self._messages is not None
+        self._messages.close()
         self._settle(lambda c: True)
         await self._kill_shadow()
         self._tg.cancel_scope.cancel()
@@ -336,8 +340,8 @@ class Speculator:
 
     async def _drive(self) -> None:
         """Keep the shadow in step with the code: replace it whenever the code changes."""
-        if self._kernel_ready is not None:
-            await self._kernel_ready.wait()
+        if self._repl_ready is not None:
+            await self._repl_ready.wait()
         while True:
             await self._dirty.wait()
             self._dirty = anyio.Event()
@@ -352,7 +356,7 @@ class Speculator:
                 continue
             try:
                 await self._start_shadow(statements, layout, tail_line, epoch)
-            except (KernelError, OSError):
+            except (ReplError, OSError):
                 self._shadowed_code = ""  # the holder changed under us: try again
                 self._dirty.set()
                 await anyio.sleep(0.01)
@@ -361,7 +365,7 @@ class Speculator:
                             layout: list[tuple[int, int]], tail_line: int | None,
                             epoch: int) -> None:
         executed_before = self._executed
-        handle = await self.kernel.fork_holder(shadow=True)
+        handle = await self.repl.fork_holder(shadow=True)
         if self._executed != executed_before or self._effects != epoch:
             await handle.kill(wait=False)  # a block committed or an effect ran while we forked
             self._shadowed_code = ""
@@ -380,6 +384,12 @@ class Speculator:
         if shadow is not None:
             with contextlib.suppress(Exception):
                 await shadow.handle.kill(wait=False)
+
+    async def _follow_messages(self, messages: ReplMessages) -> None:
+        """Handle the shadows' messages in arrival order, each before the next is received."""
+        with contextlib.suppress(anyio.ClosedResourceError):
+            async for token, message in messages:
+                self._on_message(token, message)
 
     def _on_message(self, token: str, message: dict[str, Any]) -> None:
         op = message.get("op")

@@ -1,6 +1,6 @@
 """REPL start-up with the sandbox's OS jail against without it, side by side.
 
-Each round starts one kernel of each kind in alternating order and times (a) ``start()`` up to
+Each round starts one REPL of each kind in alternating order and times (a) ``start()`` up to
 a ready namespace plus the first cell's result, and (b) ``aclose()``. Prints the per-round
 figures, the medians and the jailed/plain ratios.
 
@@ -14,7 +14,7 @@ import asyncio
 import statistics
 import time
 
-from agentrt.interpreter import Kernel, KernelLimits
+from agentrt.interpreter import Repl, ReplLimits
 
 
 async def _no_tools(name: str, args: tuple, kwargs: dict) -> None:
@@ -22,13 +22,13 @@ async def _no_tools(name: str, args: tuple, kwargs: dict) -> None:
 
 
 async def _one(jail: bool) -> tuple[float, float]:
-    kernel = Kernel(_no_tools, (), KernelLimits(jail=jail))
+    repl = Repl(_no_tools, (), ReplLimits(jail=jail))
     started = time.perf_counter()
-    await kernel.start()
-    result = await kernel.execute("x = 1\nprint(x)")
+    await repl.start()
+    result = await repl.execute("x = 1\nprint(x)")
     ready = time.perf_counter()
     assert result.ok and result.stdout == "1\n", result.error
-    await kernel.aclose()
+    await repl.aclose()
     return ready - started, time.perf_counter() - ready
 
 

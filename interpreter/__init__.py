@@ -1,4 +1,4 @@
-"""Sandboxed execution of model-written code: the kernel (worker processes) and the sandbox.
+"""Sandboxed execution of model-written code: the REPL (worker processes) and the sandbox.
 
 Exports are loaded lazily so that the worker process, which imports this package, does
 not pull in the runtime side (anyio).
@@ -10,15 +10,16 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "Kernel": "kernel",
-    "KernelProcess": "kernel",
-    "KernelLimits": "kernel",
-    "CellResult": "kernel",
-    "FinalAnswer": "kernel",
-    "VariableSummary": "kernel",
-    "KernelError": "kernel",
-    "KernelProcessDied": "kernel",
-    "ToolHandler": "kernel",
+    "Repl": "repl",
+    "ReplSession": "repl",
+    "ReplLimits": "repl",
+    "CellResult": "repl",
+    "FinalAnswer": "repl",
+    "VariableSummary": "repl",
+    "ReplError": "repl",
+    "ReplProcessDied": "repl",
+    "ReplMessages": "repl",
+    "ToolHandler": "repl",
     "Sandbox": "sandbox",
     "ToolError": "sandbox",
     "ALLOWED_MODULES": "sandbox",

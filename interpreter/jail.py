@@ -6,7 +6,7 @@ Two halves:
 * **Runtime side** (:func:`plan_jail`, :func:`bwrap_command`): the root worker is started
   under bubblewrap with new user, PID, network, IPC, UTS and cgroup namespaces, an empty
   environment, no capabilities, and a filesystem of its own: an empty root holding only
-  read-only binds of what Python and agentrt need, the kernel's socket, a few device nodes
+  read-only binds of what Python and agentrt need, the REPL's socket, a few device nodes
   and a size-limited tmpfs at ``/tmp`` (the only writable path). The syscall filter is
   compiled here once per runtime process with libseccomp (``pyseccomp``) into BPF bytes.
 * **Worker side** (:func:`lock_down`): after the root worker has said hello, it sets its
@@ -21,7 +21,7 @@ can be checked), sockets other than ``AF_UNIX``, ``ptrace`` and cross-process me
 mounts and namespace changes, kernel module / keyring / BPF / perf / io_uring interfaces, and
 terminal input injection.
 
-Modes: ``KernelLimits(jail=None)`` (default) jails when the machine allows it and otherwise
+Modes: ``ReplLimits(jail=None)`` (default) jails when the machine allows it and otherwise
 logs one warning and runs with the filter and limits only (or nothing, if even those are
 unavailable); ``jail=True`` requires the full jail (start fails otherwise); ``jail=False``
 turns it off. The environment variable ``AGENTRT_JAIL`` (``0``/``off`` or ``1``/``on``)
@@ -50,7 +50,7 @@ MAX_PROCESSES = 512
 """RLIMIT_NPROC, and (when the runtime is root, which RLIMIT_NPROC exempts) the jail's
 ``pid_max``: a cap on the process count of the whole jail."""
 JAIL_TMP = "/tmp"
-"""The jail's private writable directory (a tmpfs of ``KernelLimits.disk_mb``) and its cwd."""
+"""The jail's private writable directory (a tmpfs of ``ReplLimits.disk_mb``) and its cwd."""
 
 _DEVICES = ("/dev/null", "/dev/zero", "/dev/random", "/dev/urandom")
 _SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
@@ -100,7 +100,7 @@ OFF = JailPlan(False, None)
 
 
 def requested_mode(requested: bool | None) -> bool | None:
-    """``requested`` (from KernelLimits), or the ``AGENTRT_JAIL`` default when it is None."""
+    """``requested`` (from ReplLimits), or the ``AGENTRT_JAIL`` default when it is None."""
     if requested is not None:
         return requested
     value = os.environ.get(JAIL_ENV, "").strip().lower()
@@ -129,7 +129,7 @@ def plan_jail(requested: bool | None) -> JailPlan:
 
             _warned = True
             logging.getLogger(__name__).warning("agentrt: %s; sandbox workers run with reduced OS isolation "
-                           "(set %s=0 or KernelLimits(jail=False) to silence this)",
+                           "(set %s=0 or ReplLimits(jail=False) to silence this)",
                            plan.warning, JAIL_ENV)
     return plan
 

@@ -60,7 +60,7 @@ import socket
 import struct
 from typing import Any
 
-TOKEN_ENV = "AGENTRT_KERNEL_TOKEN"
+TOKEN_ENV = "AGENTRT_REPL_TOKEN"
 """Environment variable carrying the root worker's hello token."""
 
 MAX_FRAME_BYTES = 64 * 1024 * 1024

@@ -83,7 +83,7 @@ class ShadowRun:
 
     def __init__(self, process: Any, message: dict[str, Any]) -> None:
         self.process = process
-        self.sandbox = process._sandbox
+        self.sandbox = process.sandbox
         self.speculatable = set(message.get("speculatable", ()))
         self.table = LazyTable(force_timeout=message.get("force_timeout"))
         self.launches = PendingLaunches(self.table, self._send_launch)
@@ -111,7 +111,7 @@ class ShadowRun:
 
     def _receive_loop(self) -> None:
         while True:
-            message = self.process._receive()  # exits the process when the runtime is gone
+            message = self.process.receive()  # exits the process when the runtime is gone
             op = message.get("op")
             call = message.get("call")
             if op == "early_result":
@@ -178,7 +178,7 @@ class ShadowRun:
             sandbox.install_builtin(name, value)
         for name in sandbox.tool_names():
             sandbox.install_builtin(name, self._proxy(name))
-        self._redirect_channel(self.process._channel)
+        self._redirect_channel(self.process.channel)
         sandbox_module._current_output = None
         sandbox_module._active_sandbox = sandbox
 

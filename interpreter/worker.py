@@ -199,7 +199,8 @@ class _Process:
         except OSError:
             os._exit(0)
 
-    def _receive(self) -> dict[str, Any]:
+    def receive(self) -> dict[str, Any]:
+        """The next frame from the runtime; exit quietly if the runtime has gone away."""
         try:
             return self._link.recv()
         except (EOFError, OSError):
@@ -208,7 +209,7 @@ class _Process:
     def wait_tool_outcome(self, call_id: int) -> dict[str, Any]:
         """Read frames until call ``call_id`` has an outcome; keep other frames for later."""
         while call_id not in self._tool_outcomes:
-            message = self._receive()
+            message = self.receive()
             if message.get("op") in ("tool_result", "tool_error"):
                 self._tool_outcomes[message.get("call")] = message
             else:
@@ -240,7 +241,7 @@ class _Process:
                 self._drain_wakeup()
                 self._reap_children()
             if self._link.fileno() in readable:
-                self._dispatch(self._receive())
+                self._dispatch(self.receive())
 
     def _dispatch(self, message: dict[str, Any]) -> None:
         op = message.get("op")
@@ -374,6 +375,16 @@ class _Holder(_Process):
         self._sandbox = sandbox
         self._channel = ToolChannel(self)
         self._install_tools(blocking_proxy)
+
+    @property
+    def sandbox(self) -> Sandbox:
+        """The sandbox holding this process's namespace."""
+        return self._sandbox
+
+    @property
+    def channel(self) -> ToolChannel:
+        """The tool channel this process's tool proxies call."""
+        return self._channel
 
     def _install_tools(self, factory: ProxyFactory) -> None:
         for name, signature in self._config.tools:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrt import Agent, KernelLimits, ReplayEngine, tool
+from agentrt import Agent, ReplLimits, ReplayEngine, tool
 from agentrt.engine import EngineStreamError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -110,7 +110,7 @@ def test_hostile_code_in_a_run_keeps_the_run_alive():
         block("while True:\n    pass"),
         block("FINAL(keep)"),
     ]
-    agent = make_agent(responses, kernel_limits=KernelLimits(cpu_s=1))
+    agent = make_agent(responses, repl_limits=ReplLimits(cpu_s=1))
     result = agent.run_sync("t")
     assert result.answer == 7
     errors = [t.error for t in result.turns[:3]]

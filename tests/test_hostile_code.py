@@ -1,4 +1,4 @@
-"""Hostile cells: each one gets a clear error and the same kernel keeps working afterwards.
+"""Hostile cells: each one gets a clear error and the same REPL keeps working afterwards.
 
 Add new escape attempts to HOSTILE_CELLS: (code, expected error type).
 """
@@ -9,11 +9,11 @@ import re
 
 import pytest
 
-from agentrt.interpreter import Kernel, KernelLimits
+from agentrt.interpreter import Repl, ReplLimits
 
 pytestmark = pytest.mark.anyio
 
-LIMITS = KernelLimits(cpu_s=1, wall_s=20, memory_mb=1024)
+LIMITS = ReplLimits(cpu_s=1, wall_s=20, memory_mb=1024)
 
 # Arbitrary code if it ever runs: a KeyError naming the worker's pid ("escaped:<pid>").
 PAYLOAD = "payload = \"a,dict()['escaped:' + str(__import__('os').getpid())]\"\n"
@@ -188,69 +188,69 @@ async def echo_tool(name: str, args: tuple, kwargs: dict):
     return list(args)
 
 
-async def assert_kernel_still_works(kernel: Kernel) -> None:
-    after = await kernel.execute("check = sentinel + 1\nprint(check, echo(check))")
+async def assert_repl_still_works(repl: Repl) -> None:
+    after = await repl.execute("check = sentinel + 1\nprint(check, echo(check))")
     assert after.ok, after.error
     assert after.stdout == "43 [43]\n"
 
 
 @pytest.mark.parametrize(("code", "error_type"), HOSTILE_CELLS)
 async def test_hostile_cell_gets_a_clear_error(code: str, error_type: str):
-    async with Kernel(echo_tool, ["echo"], LIMITS) as kernel:
-        assert (await kernel.execute("sentinel = 42")).ok
-        result = await kernel.execute(code)
+    async with Repl(echo_tool, ["echo"], LIMITS) as repl:
+        assert (await repl.execute("sentinel = 42")).ok
+        result = await repl.execute(code)
         assert result.error_type == error_type, result.error
         assert result.error.startswith(error_type)
         assert not re.search(r"escaped:\d", result.error + result.stdout), result.error
         assert "\n" not in result.error.split("\n")[0]
-        await assert_kernel_still_works(kernel)
+        await assert_repl_still_works(repl)
 
 
 async def test_syntax_error_mid_block_runs_nothing():
-    async with Kernel(echo_tool, ["echo"], LIMITS) as kernel:
-        await kernel.execute("sentinel = 42")
-        result = await kernel.execute("first = 1\nsecond = = 2\nthird = 3")
+    async with Repl(echo_tool, ["echo"], LIMITS) as repl:
+        await repl.execute("sentinel = 42")
+        result = await repl.execute("first = 1\nsecond = = 2\nthird = 3")
         assert result.error_type == "SyntaxError"
         assert "line 2" in result.error and "second = = 2" in result.error
         with pytest.raises(KeyError):
-            await kernel.get_variable("first")
-        await assert_kernel_still_works(kernel)
+            await repl.get_variable("first")
+        await assert_repl_still_works(repl)
 
 
 async def test_printing_100_mb_is_truncated():
-    async with Kernel(echo_tool, ["echo"], LIMITS) as kernel:
-        await kernel.execute("sentinel = 42")
-        result = await kernel.execute("print('x' * 10**8)\nprint('tail')")
+    async with Repl(echo_tool, ["echo"], LIMITS) as repl:
+        await repl.execute("sentinel = 42")
+        result = await repl.execute("print('x' * 10**8)\nprint('tail')")
         assert result.ok, result.error
         assert len(result.stdout) < LIMITS.max_output_chars + 100
         assert result.stdout.endswith(f"[output truncated: {10**8 + 6 - 10**6} more characters]")
-        await assert_kernel_still_works(kernel)
+        await assert_repl_still_works(repl)
 
 
-async def test_one_kernel_survives_many_hostile_cells_in_a_row():
+async def test_one_repl_survives_many_hostile_cells_in_a_row():
     slow = {"TimeoutError", "MemoryError"}
-    async with Kernel(echo_tool, ["echo"], LIMITS) as kernel:
-        await kernel.execute("sentinel = 42")
+    async with Repl(echo_tool, ["echo"], LIMITS) as repl:
+        await repl.execute("sentinel = 42")
         for param in HOSTILE_CELLS:
             code, error_type = param.values
             if error_type in slow:
                 continue
-            result = await kernel.execute(code)
+            result = await repl.execute(code)
             assert result.error_type == error_type, (param.id, result.error)
-        await assert_kernel_still_works(kernel)
+        await assert_repl_still_works(repl)
 
 
 async def test_reveal_type_flood_goes_to_the_capped_cell_output():
-    async with Kernel(echo_tool, ["echo"], LIMITS) as kernel:
-        await kernel.execute("sentinel = 42")
-        result = await kernel.execute(
+    async with Repl(echo_tool, ["echo"], LIMITS) as repl:
+        await repl.execute("sentinel = 42")
+        result = await repl.execute(
             "import typing\nfor i in range(60000):\n    typing.reveal_type(i)")
         assert result.ok, result.error
         assert result.stdout.startswith("Runtime type is 'int'\n")
         assert "[output truncated:" in result.stdout
-        log = kernel._tmpdir / "worker.log"
+        log = repl._tmpdir / "worker.log"
         assert not log.exists() or log.stat().st_size < 10_000
-        await assert_kernel_still_works(kernel)
+        await assert_repl_still_works(repl)
 
 
 class _Target:
@@ -327,8 +327,8 @@ print(Color(2).name, Shape.SQUARE.value, int(Perm.R | Perm.W), Point(1) < Point(
 
 
 async def test_wrapped_modules_still_serve_ordinary_code():
-    async with Kernel(echo_tool, ["echo"], LIMITS) as kernel:
-        result = await kernel.execute(LEGITIMATE_USES)
+    async with Repl(echo_tool, ["echo"], LIMITS) as repl:
+        result = await repl.execute(LEGITIMATE_USES)
         assert result.ok, result.error
         assert result.stdout == (
             "Runtime type is 'Color'\n"

@@ -15,11 +15,11 @@ import threading
 import anyio
 import pytest
 
-from agentrt.interpreter import Kernel, KernelLimits
+from agentrt.interpreter import Repl, ReplLimits
 
 pytestmark = pytest.mark.anyio
 
-LIMITS = KernelLimits(cpu_s=5, wall_s=30, memory_mb=512, disk_mb=16, jail=True)
+LIMITS = ReplLimits(cpu_s=5, wall_s=30, memory_mb=512, disk_mb=16, jail=True)
 
 BREACH_MODULE = '''
 def install(sandbox, channel):
@@ -42,27 +42,27 @@ async def echo_tool(name: str, args: tuple, kwargs: dict):
 
 @pytest.fixture
 async def breached(tmp_path, monkeypatch):
-    """A jailed kernel whose namespace has the ``unrestricted`` builtin."""
+    """A jailed REPL whose namespace has the ``unrestricted`` builtin."""
     hooks = tmp_path / "hooks"
     hooks.mkdir()
     (hooks / "breach_hook.py").write_text(BREACH_MODULE)
     monkeypatch.setenv("PYTHONPATH", str(hooks))
-    async with Kernel(echo_tool, ["echo"], LIMITS) as kernel:
-        await kernel.extend("breach_hook:install")
-        assert (await kernel.execute("sentinel = 42")).ok
-        yield kernel
-        after = await kernel.execute("print(sentinel + 1, echo('still here'))")
+    async with Repl(echo_tool, ["echo"], LIMITS) as repl:
+        await repl.extend("breach_hook:install")
+        assert (await repl.execute("sentinel = 42")).ok
+        yield repl
+        after = await repl.execute("print(sentinel + 1, echo('still here'))")
         assert after.ok, after.error
         assert after.stdout == "43 ['still here']\n"
 
 
-async def breach(kernel: Kernel, source: str):
+async def breach(repl: Repl, source: str):
     """Run ``source`` unrestricted in the worker; return its ``result`` (or the error)."""
-    await kernel.set_variable("source", source)
-    result = await kernel.execute("outcome = unrestricted(source)")
+    await repl.set_variable("source", source)
+    result = await repl.execute("outcome = unrestricted(source)")
     if not result.ok:
         return result.error
-    return await kernel.get_variable("outcome")
+    return await repl.get_variable("outcome")
 
 
 def attempt(body: str) -> str:
@@ -255,7 +255,7 @@ async def test_memory_is_bounded(breached):
     assert outcome.startswith("MemoryError"), outcome
 
 
-async def test_killing_itself_is_a_clear_error_and_the_kernel_goes_on(breached):
+async def test_killing_itself_is_a_clear_error_and_the_repl_goes_on(breached):
     result = await breached.execute("unrestricted('import os, signal\\n"
                                     "os.kill(os.getpid(), signal.SIGKILL)')")
     assert result.killed and "SIGKILL" in result.error
@@ -268,9 +268,9 @@ async def test_opt_out_by_environment_variable(tmp_path, monkeypatch):
     (hooks / "breach_hook.py").write_text(BREACH_MODULE)
     monkeypatch.setenv("PYTHONPATH", str(hooks))
     monkeypatch.setenv("AGENTRT_JAIL", "0")
-    async with Kernel(echo_tool, ["echo"], KernelLimits(cpu_s=5, wall_s=30)) as kernel:
-        await kernel.extend("breach_hook:install")
-        outcome = await breach(kernel, attempt("import os\nvalue = 'PATH' in os.environ"))
+    async with Repl(echo_tool, ["echo"], ReplLimits(cpu_s=5, wall_s=30)) as repl:
+        await repl.extend("breach_hook:install")
+        outcome = await breach(repl, attempt("import os\nvalue = 'PATH' in os.environ"))
     assert outcome == "ok: True"  # the unjailed worker's environment has PATH
 
 
@@ -305,9 +305,9 @@ async def test_without_bubblewrap_the_filter_still_refuses_programs(tmp_path, mo
     monkeypatch.setattr(jail, "_warned", True)
     jail._best_plan.cache_clear()
     try:
-        async with Kernel(echo_tool, ["echo"], KernelLimits(cpu_s=5, wall_s=30)) as kernel:
-            await kernel.extend("breach_hook:install")
-            outcome = await breach(kernel, attempt(
+        async with Repl(echo_tool, ["echo"], ReplLimits(cpu_s=5, wall_s=30)) as repl:
+            await repl.extend("breach_hook:install")
+            outcome = await breach(repl, attempt(
                 "import subprocess\nvalue = subprocess.run(['/bin/true'])"))
     finally:
         jail._best_plan.cache_clear()
@@ -318,12 +318,12 @@ async def test_runtime_finds_jailed_processes_by_their_own_pids():
     """Workers know themselves by PID-namespace numbers; the runtime signals host pids."""
     from agentrt.interpreter.jail import host_pid
 
-    async with Kernel(echo_tool, ["echo"], LIMITS) as kernel:
-        fork = await kernel.fork()
+    async with Repl(echo_tool, ["echo"], LIMITS) as repl:
+        fork = await repl.fork()
         wire_pid = fork._proc.wire_pid
         assert wire_pid != fork.pid and wire_pid < 600  # small numbers inside the jail
-        assert host_pid(wire_pid, kernel.root_pid) == fork.pid
-        assert host_pid(1, kernel.root_pid) == kernel.root_pid
+        assert host_pid(wire_pid, repl.root_pid) == fork.pid
+        assert host_pid(1, repl.root_pid) == repl.root_pid
         await fork.kill()
         assert not fork.alive
-        assert (await kernel.execute("print('main goes on')")).stdout == "main goes on\n"
+        assert (await repl.execute("print('main goes on')")).stdout == "main goes on\n"

@@ -280,10 +280,10 @@ def test_huge_arguments_get_a_clear_error_and_memory_stays_flat(speculation):
     assert growth <= 200, f"runtime RSS grew by {growth:.0f} MB"
 
 
-# -- defence in depth: the kernel refuses real tool calls from shadow forks ----------------------
+# -- defence in depth: the REPL refuses real tool calls from shadow forks ----------------------
 
-def test_kernel_refuses_tool_calls_from_a_shadow_fork():
-    from agentrt.interpreter.kernel import Kernel
+def test_repl_refuses_tool_calls_from_a_shadow_fork():
+    from agentrt.interpreter.repl import Repl
 
     calls: list[str] = []
 
@@ -292,23 +292,27 @@ def test_kernel_refuses_tool_calls_from_a_shadow_fork():
         return 1
 
     async def main():
-        async with Kernel(handler, {"act": "act(x)"}) as kernel:
-            await kernel.execute("keep = act")  # a tool proxy bound in the namespace
-            refused: list[dict] = []
-            kernel.on_message = lambda token, message: refused.append(message)
-            shadow = await kernel.fork_holder(shadow=True)
+        async with Repl(handler, {"act": "act(x)"}) as repl:
+            await repl.execute("keep = act")  # a tool proxy bound in the namespace
+            messages = repl.messages()
+            shadow = await repl.fork_holder(shadow=True)
             result = await shadow.execute("keep(1)")  # in place, bypassing any shadow logic
-            plain = await kernel.fork_holder()
-            ok = await plain.execute("r = keep(2)")
+            token, refused = messages.receive_nowait()  # the notice came before the reply
+            plain = await repl.fork_holder()
+            ok = await plain.execute("r = keep(2)")  # waits for no message: none unread
             for handle in (shadow, plain):
                 await handle.kill()
-            return result, ok, kernel.refused_tool_calls, refused
+            assert token == shadow.token
+            with pytest.raises(anyio.WouldBlock):
+                messages.receive_nowait()
+            messages.close()
+            return result, ok, repl.refused_tool_calls, refused
 
     result, ok, count, refused = anyio.run(main)
     assert result.error_type == "PermissionError" and "shadow" in result.error
     assert ok.error is None
     assert calls == ["act"]  # only the ordinary fork's call ran
-    assert count == 1 and refused == [{"op": "refused_call", "name": "act"}]
+    assert count == 1 and refused == {"op": "refused_call", "name": "act"}
 
 
 # -- argument limits, directly ---------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The sandboxed kernel: real worker processes on a real Unix socket."""
+"""The sandboxed REPL: real worker processes on a real Unix socket."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import time
 import anyio
 import pytest
 
-from agentrt.interpreter import Kernel, KernelError, KernelLimits, KernelProcessDied
+from agentrt.interpreter import Repl, ReplError, ReplLimits, ReplProcessDied
 from agentrt.interpreter.protocol import ProtocolError, decode_untrusted, to_plain
 
 pytestmark = pytest.mark.anyio
@@ -73,9 +73,9 @@ def anyio_backend():
     return "asyncio"
 
 
-def kernel(tools: Tools | None = None, **limits) -> Kernel:
+def repl(tools: Tools | None = None, **limits) -> Repl:
     settings = {"cpu_s": 2, "wall_s": 30, **limits}
-    return Kernel(tools or Tools(), TOOLS, KernelLimits(**settings))
+    return Repl(tools or Tools(), TOOLS, ReplLimits(**settings))
 
 
 def process_state(pid: int) -> str | None:
@@ -102,7 +102,7 @@ def process_group_members(pgid: int) -> list[int]:
 
 
 async def test_namespace_persists_across_cells():
-    async with kernel() as k:
+    async with repl() as k:
         assert (await k.execute("x = 21\ndef double(v):\n    return v * 2")).ok
         result = await k.execute("y = double(x)\nprint(y)")
         assert result.ok, result.error
@@ -111,7 +111,7 @@ async def test_namespace_persists_across_cells():
 
 
 async def test_print_is_captured_per_cell():
-    async with kernel() as k:
+    async with repl() as k:
         await k.execute("def shout(word):\n    print(word.upper(), end='!')")
         first = await k.execute("print('a', 'b', sep='-')\nshout('hi')")
         second = await k.execute("print(1, [2], {'k': 3})")
@@ -120,7 +120,7 @@ async def test_print_is_captured_per_cell():
 
 
 async def test_printed_output_is_capped_with_a_note():
-    async with kernel(max_output_chars=100) as k:
+    async with repl(max_output_chars=100) as k:
         result = await k.execute("for i in range(50):\n    print('line', i)")
         assert result.ok
         kept, note = result.stdout.split("\n[output truncated: ")
@@ -129,7 +129,7 @@ async def test_printed_output_is_capped_with_a_note():
 
 
 async def test_final_and_final_var():
-    async with kernel() as k:
+    async with repl() as k:
         result = await k.execute("FINAL({'answer': [1, 2]})")
         assert result.final.value == {"answer": [1, 2]} and not result.final.is_repr
         result = await k.execute("total = sum(range(10))\nFINAL_VAR('total')")
@@ -143,7 +143,7 @@ async def test_final_and_final_var():
 
 async def test_tool_call_returns_value():
     tools = Tools()
-    async with kernel(tools) as k:
+    async with repl(tools) as k:
         result = await k.execute("s = add(2, 3)\ne = echo(1, 'two', flag=True)\nprint(s, e)")
         assert result.ok, result.error
         assert result.stdout == "5 {'args': [1, 'two'], 'kwargs': {'flag': True}}\n"
@@ -151,7 +151,7 @@ async def test_tool_call_returns_value():
 
 
 async def test_tool_error_can_be_caught_by_model_code():
-    async with kernel() as k:
+    async with repl() as k:
         code = ("try:\n    fail('bad query')\nexcept ValueError as err:\n    print('caught', err)\n"
                 "try:\n    quota()\nexcept ToolError as err:\n    print('tool error', err)")
         result = await k.execute(code)
@@ -160,7 +160,7 @@ async def test_tool_error_can_be_caught_by_model_code():
 
 
 async def test_uncaught_tool_error_is_the_cell_error():
-    async with kernel() as k:
+    async with repl() as k:
         result = await k.execute("before = 1\nfail('no such page')\nafter = 2")
         assert result.error_type == "ValueError"
         assert result.error.startswith("ValueError: no such page")
@@ -174,7 +174,7 @@ async def test_uncaught_tool_error_is_the_cell_error():
 
 async def test_tool_arguments_must_be_plain_data():
     tools = Tools()
-    async with kernel(tools) as k:
+    async with repl(tools) as k:
         result = await k.execute("echo(lambda: 1)")
         assert result.error_type == "TypeError" and "plain data" in result.error
         assert tools.calls == []
@@ -182,7 +182,7 @@ async def test_tool_arguments_must_be_plain_data():
 
 async def test_concurrent_tool_calls_from_two_forks():
     tools = Tools()
-    async with kernel(tools) as k:
+    async with repl(tools) as k:
         left, right = await k.fork(), await k.fork()
         results = {}
 
@@ -199,7 +199,7 @@ async def test_concurrent_tool_calls_from_two_forks():
 async def test_set_and_get_multi_megabyte_variables():
     context = "".join(f"record {i}: value {i * 7}\n" for i in range(200_000))
     assert len(context) > 4_000_000
-    async with kernel() as k:
+    async with repl() as k:
         await k.set_variable("context", context)
         await k.set_variable("rows", [{"id": i, "tags": ["a", "b"]} for i in range(50_000)])
         result = await k.execute("n = len(context)\nlines = context.count('\\n')\nm = len(rows)")
@@ -211,7 +211,7 @@ async def test_set_and_get_multi_megabyte_variables():
 
 
 async def test_get_variable_errors_and_plain_conversion():
-    async with kernel() as k:
+    async with repl() as k:
         await k.execute("import collections\ncounts = collections.Counter('abca')\n"
                         "gen = (i for i in range(3))")
         assert await k.get_variable("counts") == {"a": 2, "b": 1, "c": 1}
@@ -226,7 +226,7 @@ async def test_get_variable_errors_and_plain_conversion():
 
 
 async def test_namespace_summary():
-    async with kernel() as k:
+    async with repl() as k:
         await k.execute("import json\nclass Box:\n    pass\nb = Box()\nitems = list(range(100))")
         summary = await k.namespace_summary()
         assert summary["json"].type_name == "module"
@@ -236,7 +236,7 @@ async def test_namespace_summary():
 
 
 async def test_fork_is_an_independent_copy():
-    async with kernel() as k:
+    async with repl() as k:
         await k.execute("shared = [1]\nconfig = {'mode': 'a'}")
         fork = await k.fork()
         assert fork.pid != k.pid
@@ -254,12 +254,12 @@ async def test_fork_is_an_independent_copy():
         assert await fork.get_variable("shared") == [1, 2]
         await nested.kill()
         assert not nested.alive
-        with pytest.raises(KernelProcessDied):
+        with pytest.raises(ReplProcessDied):
             await nested.execute("x = 1")
 
 
 async def test_in_place_exec_on_a_fork_has_no_rollback():
-    async with kernel(cpu_s=1) as k:
+    async with repl(cpu_s=1) as k:
         fork = await k.fork()
         pid = fork.pid
         assert (await fork.execute("a = 1")).ok
@@ -272,7 +272,7 @@ async def test_in_place_exec_on_a_fork_has_no_rollback():
 
 
 async def test_commit_on_a_fork_rolls_back():
-    async with kernel(cpu_s=1) as k:
+    async with repl(cpu_s=1) as k:
         fork = await k.fork()
         assert (await fork.execute("a = 1", commit=True)).ok
         result = await fork.execute("a = 2\nwhile True:\n    pass", commit=True)
@@ -281,7 +281,7 @@ async def test_commit_on_a_fork_rolls_back():
 
 
 async def test_rollback_after_cpu_limit_keeps_earlier_variables():
-    async with kernel(cpu_s=1) as k:
+    async with repl(cpu_s=1) as k:
         await k.execute("kept = 'before'\ncounter = [1]")
         result = await k.execute("kept = 'during'\ncounter.append(2)\nwhile True:\n    pass")
         assert result.killed
@@ -296,7 +296,7 @@ async def test_rollback_after_cpu_limit_keeps_earlier_variables():
 
 async def test_wall_clock_limit_counts_tool_time_and_cancels_the_call():
     tools = Tools()
-    async with kernel(tools, wall_s=1.5) as k:
+    async with repl(tools, wall_s=1.5) as k:
         await k.execute("x = 1")
         result = await k.execute("x = 2\nslow(30)")
         assert result.killed and result.error_type == "TimeoutError"
@@ -308,7 +308,7 @@ async def test_wall_clock_limit_counts_tool_time_and_cancels_the_call():
 
 
 async def test_cancelled_execute_stops_the_cell_and_keeps_the_namespace():
-    async with kernel() as k:
+    async with repl() as k:
         await k.execute("x = 1")
         with anyio.move_on_after(1):
             await k.execute("x = 2\nimport time\ntime.sleep(30)")
@@ -317,7 +317,7 @@ async def test_cancelled_execute_stops_the_cell_and_keeps_the_namespace():
 
 
 async def test_random_state_carries_across_forked_cells():
-    async with kernel() as k:
+    async with repl() as k:
         await k.execute("import random\nrandom.seed(7)")
         result = await k.execute("print(random.random())")
         import random
@@ -350,34 +350,34 @@ async def wait_until_gone(pid: int) -> None:
 
 
 async def test_extension_hooks_run_in_the_worker_and_survive_restarts(tmp_path, monkeypatch):
-    (tmp_path / "kernel_extension_demo.py").write_text(EXTENSION_MODULE)
+    (tmp_path / "repl_extension_demo.py").write_text(EXTENSION_MODULE)
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
-    async with kernel() as k:
-        await k.extend("kernel_extension_demo:install")
+    async with repl() as k:
+        await k.extend("repl_extension_demo:install")
         result = await k.execute("print(twice(21), pair_both('a', 'b'))")
         assert result.stdout == "42 ['paired b', 'paired a']\n", result.error
-        await k.set_proxy_factory("kernel_extension_demo:tagging_proxy")
+        await k.set_proxy_factory("repl_extension_demo:tagging_proxy")
         fork = await k.fork()
         assert (await fork.execute("print(add(1, 2))")).stdout == "('tagged', 3)\n"
-        with pytest.raises(KernelError):
-            await k.extend("kernel_extension_demo:missing")
+        with pytest.raises(ReplError):
+            await k.extend("repl_extension_demo:missing")
         old_pid = k.pid
         os.kill(old_pid, signal.SIGKILL)
         await wait_until_gone(old_pid)
-        assert (await k.execute("x = 1")).error_type == "KernelRestarted"
+        assert (await k.execute("x = 1")).error_type == "ReplRestarted"
         result = await k.execute("print(twice(5), add(2, 2))")
         assert result.stdout == "10 ('tagged', 4)\n", result.error
 
 
-async def test_kernel_restarts_after_its_process_is_killed_externally():
-    async with kernel() as k:
+async def test_repl_restarts_after_its_process_is_killed_externally():
+    async with repl() as k:
         await k.set_variable("context", "the context")
         await k.execute("x = 1")
         old_pid = k.pid
         os.kill(old_pid, signal.SIGKILL)
         await wait_until_gone(old_pid)
         result = await k.execute("print(x)")
-        assert result.error_type == "KernelRestarted"
+        assert result.error_type == "ReplRestarted"
         assert "empty namespace" in result.error and "context" in result.error
         assert "not run" in result.error
         assert k.pid != old_pid and k.restarts == 1
@@ -387,7 +387,7 @@ async def test_kernel_restarts_after_its_process_is_killed_externally():
 
 
 async def test_aclose_leaves_no_processes_behind():
-    k = kernel(cpu_s=1)
+    k = repl(cpu_s=1)
     await k.start()
     try:
         await k.execute("a = 1")
@@ -407,18 +407,18 @@ async def test_aclose_leaves_no_processes_behind():
 
 
 async def test_start_failure_is_a_clear_error():
-    k = kernel(start_timeout_s=0.001)
+    k = repl(start_timeout_s=0.001)
     try:
-        with pytest.raises(KernelError, match="did not start"):
+        with pytest.raises(ReplError, match="did not start"):
             await k.start()
     finally:
         await k.aclose()
     with pytest.raises(ValueError):
-        KernelLimits(recursion_limit=1)
+        ReplLimits(recursion_limit=1)
 
 
 async def test_runtime_survives_garbage_on_its_socket():
-    async with kernel() as k:
+    async with repl() as k:
         await k.execute("x = 1")
         with open(f"/proc/{k.root_pid}/cmdline", "rb") as cmdline:
             path = cmdline.read().split(b"\0")[-2].decode()  # the worker's socket argument
@@ -438,7 +438,7 @@ async def test_runtime_survives_garbage_on_its_socket():
 
 
 async def test_oversized_result_is_refused_with_a_clear_error():
-    async with kernel(memory_mb=2048) as k:
+    async with repl(memory_mb=2048) as k:
         await k.execute("keep = 1")
         result = await k.execute("FINAL('x' * (70 * 1024 * 1024))")
         assert result.error_type == "OverflowError" and "too large" in result.error
@@ -471,3 +471,34 @@ def test_to_plain_converts_subclasses_and_refuses_the_rest():
         to_plain(loop)
     with pytest.raises(TypeError):
         to_plain({"f": time.time})
+
+
+async def test_a_tool_call_waits_until_earlier_messages_are_received():
+    events: list[str] = []
+
+    async def handler(name, args, kwargs):
+        events.append("call")
+        return 1
+
+    async with Repl(handler, {"act": "act(x)"}) as r:
+        await r.execute("keep = act")
+        messages = r.messages()
+        with pytest.raises(ReplError, match="already open"):
+            r.messages()
+        shadow = await r.fork_holder(shadow=True)
+        assert (await shadow.execute("keep(1)")).error_type == "PermissionError"
+        plain = await r.fork_holder()
+
+        async def receive_late() -> None:
+            await anyio.sleep(0.5)
+            token, message = await messages.receive()
+            assert token == shadow.token
+            events.append(f"received {message['op']}")
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(receive_late)
+            assert (await plain.execute("r = keep(2)")).ok
+        assert events == ["received refused_call", "call"]
+        messages.close()
+        assert (await plain.execute("r = keep(3)")).ok  # a closed stream holds nothing back
+        r.messages().close()  # another may be opened once the first is closed

@@ -1,0 +1,30 @@
+"""The REPL: a pool of sandboxed Python sessions in worker processes (anyio; runs under asyncio).
+
+:class:`Repl` holds one persistent namespace, run cell by cell with fork-per-cell rollback;
+:class:`ReplSession` is a handle on one namespace (the REPL's own or a copy-on-write fork).
+
+Modules: ``limits`` (ReplLimits), ``results`` (cell results and errors), ``processes`` (the
+process table), ``service`` (the socket service: connections and frame dispatch),
+``messages`` (the stream of forked sessions' messages), ``session`` (Repl, ReplSession and the
+cell runner).
+
+Example::
+
+    async def handler(name, args, kwargs):
+        return {"search": search}[name](*args, **kwargs)
+
+    async with Repl(handler, {"search": "search(query: str) -> list[str]"}) as repl:
+        await repl.set_variable("context", text)
+        result = await repl.execute("hits = search('x')\\nprint(len(hits))")
+"""
+
+from .limits import ReplLimits
+from .messages import Message, ReplMessages
+from .results import CellResult, FinalAnswer, ReplError, ReplProcessDied, VariableSummary
+from .service import ToolHandler
+from .session import Repl, ReplSession
+
+__all__ = [
+    "CellResult", "FinalAnswer", "Message", "Repl", "ReplError", "ReplLimits", "ReplMessages",
+    "ReplProcessDied", "ReplSession", "ToolHandler", "VariableSummary",
+]
