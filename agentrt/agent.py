@@ -28,6 +28,9 @@ _FENCED = re.compile(r"^```[^\n]*\n.*?(?:^```[ \t]*$|\Z)", re.S | re.M)
 _TEXT_FINAL_VAR = re.compile(r"FINAL_VAR\(\s*['\"]?([A-Za-z_][A-Za-z_0-9]*)['\"]?\s*\)")
 _TEXT_FINAL = re.compile(r"FINAL\((.*)\)")
 
+SUB_QUERY_PRIORITY = 1
+"""Default `SamplingParams.priority` of ``llm_query`` requests (the root streams at 0)."""
+
 
 class Agent:
     """A code-writing agent: a model engine, a sandboxed REPL and a set of tools.
@@ -39,7 +42,9 @@ class Agent:
 
     ``examples`` are chat messages (few-shot turns) placed between the system prompt and the
     task. ``sub_engine`` backs the built-in ``llm_query`` / ``llm_query_batched`` tools (default: the
-    main engine). ``speculation`` runs the shadow interpreter, which starts speculatable tool calls
+    main engine); their requests go out at ``sub_sampling`` (default: priority
+    ``SUB_QUERY_PRIORITY``, so that an engine serving the root and its sub-queries at once, such as
+    the native engine, keeps the root's stream going first). ``speculation`` runs the shadow interpreter, which starts speculatable tool calls
     while the code is still streaming; answers are identical either way. ``budget`` bounds those
     early calls. ``on_event`` sees every trace event as it happens (for live displays).
     ``capture_namespace`` records the REPL's final variables in ``RunResult.namespace``.
@@ -70,6 +75,8 @@ class Agent:
         self.sub_engine = sub_engine or engine
         self.registry = ToolRegistry()
         if builtin_tools:
+            if sub_sampling is None:  # sub-queries yield to the root's stream on a shared engine
+                sub_sampling = SamplingParams(priority=SUB_QUERY_PRIORITY)
             for t in make_llm_tools(self.sub_engine, sub_sampling):
                 self.registry.register(t)
         for t in tools:

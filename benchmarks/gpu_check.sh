@@ -35,7 +35,7 @@ $PY -c "import agentrt.engine" 2>/dev/null || $PY -m pip install -q -e . --no-de
     || echo "warning: could not install the package; imports may fail"
 
 echo "== kernel tests (compiled Triton)"
-KERNEL_TESTS=$(ls tests/test_kernels.py tests/test_verify_distribution.py 2>/dev/null)
+KERNEL_TESTS=$(ls tests/kernels/test_kernels.py tests/engine/test_verify_distribution.py 2>/dev/null)
 timeout 150 $PY -m pytest -q -x -p no:cacheprovider $KERNEL_TESTS || status=1
 
 echo "== native bf16 forward vs transformers on CUDA"

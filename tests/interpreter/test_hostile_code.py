@@ -179,10 +179,6 @@ HOSTILE_CELLS = [
 ]
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
 
 async def echo_tool(name: str, args: tuple, kwargs: dict):
     return list(args)

@@ -22,10 +22,6 @@ CHAT = [{"role": "user", "content": "Name three colours of the rainbow."}]
 LIST = [{"role": "user", "content": "Count from one to ten in words, separated by commas."}]
 
 
-@pytest.fixture(scope="module")
-def anyio_backend():
-    return "asyncio"
-
 
 @pytest.fixture(scope="module")
 def engine():

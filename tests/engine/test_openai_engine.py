@@ -104,10 +104,6 @@ vllm:iteration_tokens_total_created{engine="0",model_name="smol"} 1.795961791587
 """
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
 
 @pytest.fixture
 def server():

@@ -31,10 +31,6 @@ def install(sandbox, channel):
 '''
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
 
 async def echo_tool(name: str, args: tuple, kwargs: dict):
     return list(args)

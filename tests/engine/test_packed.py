@@ -234,7 +234,7 @@ def test_int8_precision_on_the_pulled_model():
     with pytest.raises(ValueError, match="precision"):
         model.precision = "int4"
 
-    prompt = json.loads((Path(__file__).parent.parent / "benchmarks" / "prompts" /
+    prompt = json.loads((Path(__file__).resolve().parents[2] / "benchmarks" / "prompts" /
                          "agent_code.jsonl").read_text().splitlines()[0])
     ids = torch.tensor([ChatTokenizer(path).encode_chat(prompt["messages"])[:96]])
 

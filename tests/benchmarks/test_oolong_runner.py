@@ -10,7 +10,7 @@ import pytest
 
 from benchmarks.oolong import bench
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FAST = ["--engine", "replay", "--replay-plain-tps", "600", "--replay-spec-tps", "1200",
         "--sub-decode-tps", "3000", "--no-plot"]
 

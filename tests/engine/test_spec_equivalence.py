@@ -23,7 +23,7 @@ from agentrt.engine.llama import Transformer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-PROMPT_DIR = Path(__file__).resolve().parent.parent / "benchmarks" / "prompts"
+PROMPT_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "prompts"
 PROMPT_SETS = ("agent_code", "chat", "copy_heavy")
 MAX_TIE_GAP = 1e-3  # |logit(a) - logit(b)| / max |logit| at an accepted divergence
 

@@ -1,7 +1,7 @@
 """The engine benchmark's command line, run for real against a scripted OpenAI-compatible server
 on 127.0.0.1 (tests/fake_openai_server.py), and its argument errors.
 
-The vLLM runs of the benchmark are in tests/test_vllm_engine.py (``bash .ci/test-vllm.sh -k bench``).
+The vLLM runs of the benchmark are in tests/engine/test_vllm_engine.py (``bash .ci/test-vllm.sh -k bench``).
 """
 
 from __future__ import annotations

@@ -68,10 +68,6 @@ class Tools:
         raise LookupError(name)
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
 
 def repl(tools: Tools | None = None, **limits) -> Repl:
     settings = {"cpu_s": 2, "wall_s": 30, **limits}

@@ -32,10 +32,6 @@ RULES = "\n".join(f"Rule {i}: when the input mentions item {i}, answer with the 
                   f"alpha-{i * 7 % 13} and nothing else." for i in range(40))
 
 
-@pytest.fixture(scope="module")
-def anyio_backend():
-    return "asyncio"
-
 
 @pytest.fixture(scope="module")
 def plain():

@@ -13,7 +13,7 @@ import pytest
 from agentrt import Agent, ReplLimits, ReplayEngine, tool
 from agentrt.engine import EngineStreamError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FAST = 2000.0  # tokens per second: fast replay for functional tests
 
 
