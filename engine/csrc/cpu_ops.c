@@ -426,35 +426,6 @@ static void matrix_apply(const Matrix *m, const float *x, float *y, const float 
         bf16_linear(x, m->dense, y, residual, M, N, K, threads);
 }
 
-/* Run n <= 32 rows x [n, E] (in place) through L layers at positions start .. start+n-1: the
-   same kernels in the same order as the per-op path, so the results are identical. */
-void decode_layers(float *x, int64_t n, int64_t start, const Layer *layers, int64_t L,
-                   int64_t E, int64_t I, int64_t H, int64_t KV, int64_t D, int64_t T,
-                   const float *rope, float eps, float scale, int packed_max, int threads) {
-    const int64_t Q = (H + 2 * KV) * D;
-    float *h = (float *)malloc((size_t)(n * E) * sizeof(float));
-    float *mid = (float *)malloc((size_t)(n * E) * sizeof(float));
-    float *qkv = (float *)malloc((size_t)(n * Q) * sizeof(float));
-    float *att = (float *)malloc((size_t)(n * H * D) * sizeof(float));
-    float *gu = (float *)malloc((size_t)(n * 2 * I) * sizeof(float));
-    float *act = (float *)malloc((size_t)(n * I) * sizeof(float));
-    for (int64_t l = 0; l < L; l++) {
-        const Layer *w = layers + l;
-        rms_norm(x, w->attn_norm, h, n, E, eps);
-        matrix_apply(&w->qkv, h, qkv, NULL, n, Q, E, packed_max, threads);
-        if (w->bqkv)
-            for (int64_t i = 0; i < n * Q; i++) qkv[i] += w->bqkv[i % Q];
-        rope_store(qkv, rope, start, n, H, KV, D, w->k_cache, w->v_cache, T);
-        attend(qkv, Q, w->k_cache, w->v_cache, att, n, start, H, KV, D, T, scale, threads);
-        matrix_apply(&w->o, att, mid, x, n, E, H * D, packed_max, threads);
-        rms_norm(mid, w->mlp_norm, h, n, E, eps);
-        matrix_apply(&w->gate_up, h, gu, NULL, n, 2 * I, E, packed_max, threads);
-        silu_mul(gu, act, n, I);
-        matrix_apply(&w->down, act, x, mid, n, E, I, packed_max, threads);
-    }
-    free(act); free(gu); free(att); free(qkv); free(mid); free(h);
-}
-
 /* ---- a ragged batch over a paged KV cache: several sequences in one step ----
    The caches are pools of blocks [NB, KV, BS, D]: position t of a sequence lives at offset
    t % BS of block blocks[t / BS] of its block table. A step's rows are the sequences' rows one
@@ -615,4 +586,17 @@ void decode_layers_paged(float *x, int64_t n, const Seq *seqs, int64_t S, const 
         matrix_apply(&w->down, act, x, mid, n, E, I, packed_max, threads);
     }
     free(act); free(gu); free(att); free(qkv); free(mid); free(h);
+}
+
+/* Run n <= 32 rows x [n, E] (in place) through L layers at positions start .. start+n-1 of one
+   sequence whose caches [KV, T, D] are a single block of T positions: `decode_layers_paged`
+   with one sequence, so both paths share one layer loop (and give the same bits as the per-op
+   path, tested). */
+void decode_layers(float *x, int64_t n, int64_t start, const Layer *layers, int64_t L,
+                   int64_t E, int64_t I, int64_t H, int64_t KV, int64_t D, int64_t T,
+                   const float *rope, float eps, float scale, int packed_max, int threads) {
+    const int32_t block = 0;
+    const Seq seq = {0, n, start, &block};
+    decode_layers_paged(x, n, &seq, 1, layers, L, E, I, H, KV, D, T, rope, eps, scale, packed_max,
+                        threads);
 }
