@@ -143,3 +143,15 @@ def overlap_limit(spec_trace: Trace | None, seq_trace: Trace) -> float:
             t_end = max(done, t_start + info.stream_end)
         t_start = t_end
     return t_start
+
+
+def generation_spans(trace: Trace) -> dict[int, tuple[float, float]]:
+    """``{turn: (start, last delta)}``: when each turn's generation ran (seconds into the run)."""
+    start: dict[int, float] = {}
+    last: dict[int, float] = {}
+    for e in trace.events:
+        if e.kind == "turn_started":
+            start[e.data["turn"]] = e.t
+        elif e.kind == "delta":
+            last[e.data["turn"]] = e.t
+    return {turn: (t0, last.get(turn, t0)) for turn, t0 in start.items()}

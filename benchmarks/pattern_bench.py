@@ -18,7 +18,7 @@ from typing import Any
 
 from agentrt import Agent, ReplayEngine, RunResult
 
-from .overlap import overlap_limit
+from .overlap import generation_spans, overlap_limit
 from .patterns import Pattern, patterns, tool_list
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -89,15 +89,8 @@ def plot_timeline(name: str, traces, path: Path) -> None:
 
 def _spans(trace) -> list[tuple[str, float, float, str]]:
     rows: list[tuple[str, float, float, str]] = []
-    turn_start: dict[int, float] = {}
-    last_delta: dict[int, float] = {}
-    for e in trace.events:
-        if e.kind == "turn_started":
-            turn_start[e.data["turn"]] = e.t
-        elif e.kind == "delta":
-            last_delta[e.data["turn"]] = e.t
-    for turn, start in turn_start.items():
-        rows.append((f"generate t{turn}", start, last_delta.get(turn, start), "tab:gray"))
+    for turn, (start, end) in generation_spans(trace).items():
+        rows.append((f"generate t{turn}", start, end, "tab:gray"))
     started: dict[tuple, float] = {}
     for e in trace.events:
         key = (e.data.get("mode"), e.data.get("call_id"))

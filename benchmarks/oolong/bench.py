@@ -32,7 +32,7 @@ from agentrt import Agent
 from agentrt.engine.base import Engine, SamplingParams, complete
 from agentrt.llm_tools import make_llm_tools
 
-from ..overlap import overlap_limit
+from ..overlap import generation_spans, overlap_limit
 from .generate import generate, parse_sizes
 from .programs import reference_response, shape_for, shape_of
 from .root_prompt import SYSTEM_PROMPT, few_shot, task_message
@@ -200,14 +200,7 @@ def root_engines(args) -> dict[str, Engine | None]:
 # ------------------------------------------------------------------------------ one run
 
 def _gen_seconds(trace) -> float:
-    start: dict[int, float] = {}
-    last: dict[int, float] = {}
-    for e in trace.events:
-        if e.kind == "turn_started":
-            start[e.data["turn"]] = e.t
-        elif e.kind == "delta":
-            last[e.data["turn"]] = e.t
-    return sum(last.get(t, s) - s for t, s in start.items())
+    return sum(end - start for start, end in generation_spans(trace).values())
 
 
 def _metrics(engine) -> Any:
