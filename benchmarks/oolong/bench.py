@@ -14,6 +14,7 @@ keeps the traces already written and runs only what is missing.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import statistics
@@ -589,7 +590,9 @@ def main(argv: list[str] | None = None) -> int:
     write_json(args.out / "summary.json", {"setting": setting, "args": vars(args) | {
         "out": str(args.out)}, **summary})
     complete_tasks = [t for t in tasks if all((t.id, m) in records for m in modes)]
-    if not args.no_plot and complete_tasks:
+    if not args.no_plot and complete_tasks and importlib.util.find_spec("matplotlib") is None:
+        print("timeline skipped: matplotlib is not installed (pip install 'agentrt[bench]')")
+    elif not args.no_plot and complete_tasks:
         # the largest task every mode answered (else the largest task)
         answered = [t for t in complete_tasks
                     if all(records[(t.id, m)]["status"] == "final" for m in modes)]
