@@ -36,6 +36,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from agentrt.demo import REVIEWS
+
 NATIVE = ("plain", "ngram", "suffix", "draft")
 RULES = "\n".join(f"Rule {i}: when the input mentions item {i}, answer with the code word "
                   f"alpha-{i * 7 % 13} and nothing else." for i in range(40))
@@ -354,14 +356,6 @@ AGENT_EXAMPLE = [
         "for review in context]\nprint(answers)\nFINAL(answers)\n```")},
 ]
 AGENT_TASK = "Which reviews in context are negative?"
-AGENT_CONTEXT = [
-    "Great battery life and a sharp screen, would buy again.",
-    "Stopped working after two days.",
-    "Decent value for the price, although the speakers are quiet and the case feels cheap.",
-    "Fine.",
-    "The keyboard is comfortable and the trackpad is accurate, but it runs hot under load.",
-    "Arrived late and the box was damaged, yet the laptop itself works perfectly well.",
-]
 
 
 async def agent_run(engine_factory) -> dict[str, Any]:
@@ -381,7 +375,7 @@ async def agent_run(engine_factory) -> dict[str, Any]:
                           examples=AGENT_EXAMPLE, sampling=SamplingParams(max_tokens=160),
                           sub_sampling=SamplingParams(max_tokens=24, priority=1))
             start = time.perf_counter()
-            result = await agent.run(AGENT_TASK, AGENT_CONTEXT)
+            result = await agent.run(AGENT_TASK, REVIEWS)
             wall = time.perf_counter() - start
             out["speculative" if speculative else "sequential"] = {
                 "wall_s": wall, "status": result.status, "answer": repr(result.answer)[:300],

@@ -12,8 +12,9 @@ import torch
 
 from agentrt.engine import EngineError, NativeEngine, SamplingParams, complete, models
 from agentrt.engine.kv_cache import KVPool
-from agentrt.engine.llama import LlamaConfig, SeqRows, Transformer
+from agentrt.engine.llama import SeqRows, Transformer
 from agentrt.engine.native import common_prefix, plan_draft_lengths
+from random_models import qwen_like
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 pytestmark = pytest.mark.anyio
@@ -76,20 +77,9 @@ def _ragged_steps(model: Transformer, ids: torch.Tensor, pool: KVPool) -> list[t
     return [torch.cat(o) for o in out]
 
 
-def _qwen_like() -> Transformer:
-    cfg = LlamaConfig(vocab_size=300, hidden_size=128, intermediate_size=256, num_layers=3,
-                      num_heads=4, num_kv_heads=2, head_dim=32, attention_bias=True)
-    model = Transformer(cfg, torch.bfloat16, max_seq_len=128)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.05, generator=torch.Generator().manual_seed(p.numel()))
-    model.refresh_weights()
-    return model
-
-
 def test_ragged_batch_equals_each_sequence_alone_bit_for_bit():
     path = models.ensure("smollm2-135m", "bf16")
-    for model in (Transformer.from_pretrained(path, "bf16", max_seq_len=128), _qwen_like()):
+    for model in (Transformer.from_pretrained(path, "bf16", max_seq_len=128), qwen_like()):
         _kernels_or_skip(model)
         cfg = model.cfg
         ids = torch.randint(0, model.vocab_size, (3, 90), generator=torch.Generator().manual_seed(3))

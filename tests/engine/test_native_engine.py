@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from agentrt.engine import EngineError, NativeEngine, SamplingParams, complete
+from random_models import qwen_like
 from agentrt.engine import models
 from agentrt.engine.llama import Transformer
 from agentrt.engine.tokenizer import IncrementalDetokenizer, StopStringMatcher
@@ -172,19 +173,10 @@ def _steps(model: Transformer, ids: torch.Tensor) -> torch.Tensor:
 
 
 def test_fused_layers_equal_one_call_per_op():
-    from agentrt.engine.llama import LlamaConfig
-
     _ops_or_skip()
     path = models.ensure("smollm2-135m", "bf16")
     pulled = Transformer.from_pretrained(path, "bf16", max_seq_len=128)
-    # a Qwen2-style model (q/k/v bias, 2 query heads per kv head), random bf16 weights
-    cfg = LlamaConfig(vocab_size=300, hidden_size=128, intermediate_size=256, num_layers=3,
-                      num_heads=4, num_kv_heads=2, head_dim=32, attention_bias=True)
-    qwen = Transformer(cfg, torch.bfloat16, max_seq_len=128)
-    with torch.no_grad():
-        for p in qwen.parameters():
-            p.normal_(0, 0.05, generator=torch.Generator().manual_seed(p.numel()))
-    qwen.refresh_weights()
+    qwen = qwen_like()  # q/k/v bias, 2 query heads per kv head, random bf16 weights
     for model in (pulled, qwen):
         assert model.ops is not None and model.matmul.ops is not None
         ids = torch.randint(0, model.vocab_size, (1, 85), generator=torch.Generator().manual_seed(8))
