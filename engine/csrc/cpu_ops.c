@@ -55,18 +55,77 @@ typedef void (*dot_fn)(const uint16_t *, const float *, int64_t, float *, int64_
 static const dot_fn DOTS[13] = {0, dot1, dot2, dot3, dot4, dot5, dot6,
                                 dot7, dot8, dot9, dot10, dot11, dot12};
 
+/* Two weight rows against R activation rows: 2R accumulators in registers, each activation
+   vector loaded once for both weight rows (LOADW widens 8 weights to float32). Every output is
+   accumulated in the same order as dot##R's, so the two give the same bits. */
+#define DEFINE_DOT2(NAME, TYPE, LOADW, R)                                                   \
+    static void NAME##R(const TYPE *w0, const float *x, int64_t K, float *y,               \
+                        int64_t ystride) {                                                 \
+        const TYPE *w1 = w0 + K;                                                           \
+        __m256 a0[R], a1[R];                                                               \
+        for (int i = 0; i < R; i++) a0[i] = a1[i] = _mm256_setzero_ps();                   \
+        for (int64_t k = 0; k < K; k += 8) {                                               \
+            if ((k & 31) == 0) { /* the pair after next: memory keeps streaming meanwhile */ \
+                _mm_prefetch((const char *)(w0 + 8 * K + k), _MM_HINT_T0);                 \
+                _mm_prefetch((const char *)(w0 + 9 * K + k), _MM_HINT_T0);                 \
+            }                                                                              \
+            const __m256 c0 = LOADW(w0 + k), c1 = LOADW(w1 + k);                           \
+            for (int i = 0; i < R; i++) {                                                  \
+                const __m256 v = _mm256_loadu_ps(x + i * K + k);                           \
+                a0[i] = _mm256_fmadd_ps(c0, v, a0[i]);                                     \
+                a1[i] = _mm256_fmadd_ps(c1, v, a1[i]);                                     \
+            }                                                                              \
+        }                                                                                  \
+        store_sums(a0, R, y, ystride);                                                     \
+        store_sums(a1, R, y + 1, ystride);                                                 \
+    }
+#define DEFINE_DOT2S(NAME, TYPE, LOADW)                                                     \
+    DEFINE_DOT2(NAME, TYPE, LOADW, 1) DEFINE_DOT2(NAME, TYPE, LOADW, 2)                     \
+    DEFINE_DOT2(NAME, TYPE, LOADW, 3) DEFINE_DOT2(NAME, TYPE, LOADW, 4)                     \
+    DEFINE_DOT2(NAME, TYPE, LOADW, 5) DEFINE_DOT2(NAME, TYPE, LOADW, 6)
+DEFINE_DOT2S(bf16_dot2_, uint16_t, load_bf16x8)
+
+typedef void (*dot2_fn)(const uint16_t *, const float *, int64_t, float *, int64_t);
+static const dot2_fn BF16_DOT2[7] = {0, bf16_dot2_1, bf16_dot2_2, bf16_dot2_3, bf16_dot2_4,
+                                     bf16_dot2_5, bf16_dot2_6};
+
+#define TILE_ROWS 16        /* weight rows a thread keeps in L2 while activation rows pass */
+#define DIRECT_ROWS 3       /* up to this many activation rows: one pass per weight row */
+
+/* Activation rows per pass over a weight tile: at most 6 and as many as fit in 24 KB of L1,
+   spread evenly over the passes M needs. */
+static inline int64_t rows_per_pass(int64_t M, int64_t K) {
+    int64_t r = 24576 / (4 * K);
+    r = r < 2 ? 2 : (r > 6 ? 6 : r);
+    const int64_t passes = (M + r - 1) / r;
+    return (M + passes - 1) / passes;
+}
+
 /* y[M, N] = x[M, K] (float32) . w[N, K]^T (bfloat16) (+ residual[M, N] if not NULL), with
-   K % 8 == 0. Weight rows stream once, in order (one sequential stream per thread);
-   activation rows go in chunks of <= 12. Every output is summed in the same order whatever M
-   is, so a row's result never depends on the rows batched with it. */
+   K % 8 == 0. Up to DIRECT_ROWS rows, each weight row streams once past all of them. More
+   rows: each thread takes tiles of TILE_ROWS weight rows in order and runs the activation rows
+   over a tile a few at a time (they stay in L1, the tile in L2), two weight rows per pass.
+   Every output is summed in the same order whatever M is, so a row's result never depends on
+   the rows batched with it. */
 void bf16_linear(const float *x, const uint16_t *w, float *y, const float *residual,
                  int64_t M, int64_t N, int64_t K, int threads) {
-    const int64_t chunks = (M + 11) / 12, chunk = (M + chunks - 1) / chunks;
+    if (M <= DIRECT_ROWS) {
 #pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t n = 0; n < N; n++) {
-        for (int64_t m0 = 0; m0 < M; m0 += chunk) {
-            const int64_t rows = M - m0 < chunk ? M - m0 : chunk;
-            DOTS[rows](w + n * K, x + m0 * K, K, y + m0 * N + n, N);
+        for (int64_t n = 0; n < N; n++)
+            DOTS[M](w + n * K, x, K, y + n, N);
+    } else {
+        const int64_t tiles = (N + TILE_ROWS - 1) / TILE_ROWS, R = rows_per_pass(M, K);
+#pragma omp parallel for num_threads(threads) schedule(static)
+        for (int64_t t = 0; t < tiles; t++) {
+            const int64_t n0 = t * TILE_ROWS, nt = N - n0 < TILE_ROWS ? N - n0 : TILE_ROWS;
+            for (int64_t m0 = 0; m0 < M; m0 += R) {
+                const int64_t rows = M - m0 < R ? M - m0 : R;
+                int64_t r = 0;
+                for (; r + 2 <= nt; r += 2)
+                    BF16_DOT2[rows](w + (n0 + r) * K, x + m0 * K, K, y + m0 * N + n0 + r, N);
+                if (r < nt)
+                    DOTS[rows](w + (n0 + r) * K, x + m0 * K, K, y + m0 * N + n0 + r, N);
+            }
         }
     }
     if (residual)
@@ -132,29 +191,65 @@ static inline void q8_0_block(const uint8_t *b, int rnd, __m256 w[4]) {
     }
 #define DEFINE_PACKED_DOTS(KIND, BYTES)                                                     \
     DEFINE_PACKED_DOT(KIND, BYTES, 1) DEFINE_PACKED_DOT(KIND, BYTES, 2)                     \
-    DEFINE_PACKED_DOT(KIND, BYTES, 3) DEFINE_PACKED_DOT(KIND, BYTES, 4)                     \
-    DEFINE_PACKED_DOT(KIND, BYTES, 5) DEFINE_PACKED_DOT(KIND, BYTES, 6)                     \
-    DEFINE_PACKED_DOT(KIND, BYTES, 7) DEFINE_PACKED_DOT(KIND, BYTES, 8)
+    DEFINE_PACKED_DOT(KIND, BYTES, 3)
 DEFINE_PACKED_DOTS(q4_1, 20)
 DEFINE_PACKED_DOTS(q8_0, 34)
 
 typedef void (*packed_dot_fn)(const uint8_t *, int, const float *, int64_t, float *, int64_t);
-static const packed_dot_fn PACKED_DOTS[2][9] = {
-    {0, q4_1_dot1, q4_1_dot2, q4_1_dot3, q4_1_dot4, q4_1_dot5, q4_1_dot6, q4_1_dot7, q4_1_dot8},
-    {0, q8_0_dot1, q8_0_dot2, q8_0_dot3, q8_0_dot4, q8_0_dot5, q8_0_dot6, q8_0_dot7, q8_0_dot8},
+static const packed_dot_fn PACKED_DOTS[2][4] = {
+    {0, q4_1_dot1, q4_1_dot2, q4_1_dot3},
+    {0, q8_0_dot1, q8_0_dot2, q8_0_dot3},
 };
 
+static inline __m256 load_f32x8(const float *p) { return _mm256_load_ps(p); }
+DEFINE_DOT2S(wide_dot2_, float, load_f32x8)
+typedef void (*wide_fn)(const float *, const float *, int64_t, float *, int64_t);
+static const wide_fn WIDE_DOT2[7] = {0, wide_dot2_1, wide_dot2_2, wide_dot2_3, wide_dot2_4,
+                                       wide_dot2_5, wide_dot2_6};
+
 /* y[M, N] = x[M, K] . W^T (+ residual) for W [N, K] in blocks of kind 0 (Q4_1) or 1 (Q8_0),
-   rounded to bfloat16 when rnd != 0. K % 32 == 0. */
+   rounded to bfloat16 when rnd != 0. K % 32 == 0. Up to DIRECT_ROWS rows each block is widened
+   in registers for the rows at hand. More rows: each thread widens a tile of TILE_ROWS weight
+   rows into a buffer once and passes the activation rows over it as bf16_linear does (an odd
+   last weight row goes with a zero row: its own outputs are unaffected). */
 void packed_linear(const float *x, const uint8_t *w, int kind, int rnd, float *y,
                    const float *residual, int64_t M, int64_t N, int64_t K, int threads) {
-    const int64_t row_bytes = K / 32 * (kind == 0 ? 20 : 34);
-    const int64_t chunks = (M + 7) / 8, chunk = (M + chunks - 1) / chunks;
+    const int64_t block_bytes = kind == 0 ? 20 : 34, row_bytes = K / 32 * block_bytes;
+    if (M <= DIRECT_ROWS) {
 #pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t n = 0; n < N; n++) {
-        for (int64_t m0 = 0; m0 < M; m0 += chunk) {
-            const int64_t rows = M - m0 < chunk ? M - m0 : chunk;
-            PACKED_DOTS[kind][rows](w + n * row_bytes, rnd, x + m0 * K, K, y + m0 * N + n, N);
+        for (int64_t n = 0; n < N; n++)
+            PACKED_DOTS[kind][M](w + n * row_bytes, rnd, x, K, y + n, N);
+    } else {
+        const int64_t tiles = (N + TILE_ROWS - 1) / TILE_ROWS, R = rows_per_pass(M, K);
+#pragma omp parallel num_threads(threads)
+        {
+            float *buf = (float *)aligned_alloc(64, (size_t)((TILE_ROWS + 1) * K) * sizeof(float));
+#pragma omp for schedule(static)
+            for (int64_t t = 0; t < tiles; t++) {
+                const int64_t n0 = t * TILE_ROWS, nt = N - n0 < TILE_ROWS ? N - n0 : TILE_ROWS;
+                for (int64_t r = 0; r < nt; r++) {
+                    const uint8_t *b = w + (n0 + r) * row_bytes;
+                    for (int64_t k = 0; k < K; k += 32, b += block_bytes) {
+                        __m256 v[4];
+                        if (kind == 0) q4_1_block(b, rnd, v); else q8_0_block(b, rnd, v);
+                        for (int j = 0; j < 4; j++) _mm256_store_ps(buf + r * K + k + 8 * j, v[j]);
+                    }
+                }
+                for (int64_t m0 = 0; m0 < M; m0 += R) {
+                    const int64_t rows = M - m0 < R ? M - m0 : R;
+                    for (int64_t r = 0; r < nt; r += 2) {
+                        if (r + 1 < nt) {
+                            WIDE_DOT2[rows](buf + r * K, x + m0 * K, K, y + m0 * N + n0 + r, N);
+                        } else {  /* an odd last row goes with a zero row; its outputs only */
+                            float out[6 * 2];
+                            memset(buf + (r + 1) * K, 0, (size_t)K * sizeof(float));
+                            WIDE_DOT2[rows](buf + r * K, x + m0 * K, K, out, 2);
+                            for (int64_t i = 0; i < rows; i++) y[(m0 + i) * N + n0 + r] = out[2 * i];
+                        }
+                    }
+                }
+            }
+            free(buf);
         }
     }
     if (residual)
@@ -521,19 +616,26 @@ void attend_paged(const float *q, int64_t q_stride, const float *k_pool, const f
                   float *out, const Seq *seqs, int64_t S, int64_t H, int64_t KV, int64_t D,
                   int64_t BS, float scale, int threads) {
     const int64_t groups = H / KV;
-    int64_t count = 0, work = 0;
+    const int64_t wanted = (2 * threads + KV - 1) / KV;
+    /* query heads go 4 at a time (each key row loaded once for them) when the sequences'
+       kv heads and row chunks alone give every thread work; else one at a time */
+    int64_t coarse = 0, work = 0;
+    for (int64_t q = 0; q < S; q++)
+        if (seqs[q].n > 0) {
+            coarse += KV * (seqs[q].n < wanted ? seqs[q].n : wanted);
+            work += seqs[q].n * H * (seqs[q].start + seqs[q].n) * D;
+        }
+    const int64_t per_task = coarse >= 2 * threads ? 4 : 1;
+    const int64_t head_chunks = (groups + per_task - 1) / per_task;
+    int64_t count = 0;
     for (int pass = 0; pass < 2; pass++) {
         AttendTask *tasks = pass ? (AttendTask *)malloc((size_t)count * sizeof(AttendTask)) : NULL;
         int64_t i = 0;
         for (int64_t q = 0; q < S; q++) {
             const int64_t n = seqs[q].n;
             if (n <= 0) continue;
-            const int64_t wanted = (2 * threads + KV - 1) / KV;
             const int64_t row_chunks = n < wanted ? n : wanted;
             const int64_t rows_per = (n + row_chunks - 1) / row_chunks;
-            const int64_t per_task = n * KV >= 2 * threads ? 4 : 1;
-            const int64_t head_chunks = (groups + per_task - 1) / per_task;
-            if (!pass) work += n * H * (seqs[q].start + n) * D;
             for (int64_t kv = 0; kv < KV; kv++)
                 for (int64_t rc = 0; rc < row_chunks; rc++)
                     for (int64_t hc = 0; hc < head_chunks; hc++) {
