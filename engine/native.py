@@ -60,18 +60,25 @@ log = logging.getLogger(__name__)
 # ------------------------------------------------------------------------------ adaptive k
 
 class StepCosts:
-    """Seconds of one target forward over n tokens: measured at start-up, refreshed from the
-    forwards the engine actually runs (so load and context length show), interpolated between
-    the sizes seen."""
+    """Seconds of one target forward over n rows: the curve measured at start-up (one
+    sequence), times a load factor refreshed from the forwards the engine actually runs (so
+    load, context length and batch show), interpolated between the sizes measured.
+
+    Observations scale the whole curve rather than the size they were seen at: a batched
+    step's time includes every sequence's attention, and folding it into one point only
+    (while its neighbours keep the start-up values) would make a few more rows look free, or
+    cheaper than none. Its shape, what extra rows cost relative to the rows already in a
+    step, stays the measured one."""
 
     def __init__(self, seconds_by_n: dict[int, float], smoothing: float = 0.1):
         if 1 not in seconds_by_n:
             raise ValueError("step costs need a measurement for n=1")
-        self.seconds = dict(seconds_by_n)
+        self.points = sorted(seconds_by_n.items())
         self.smoothing = smoothing
-        self.points = sorted(self.seconds.items())
+        self.factor = 1.0
 
-    def __call__(self, n: int) -> float:
+    def measured(self, n: int) -> float:
+        """The start-up curve at n rows (linear beyond the largest size measured)."""
         pts = self.points
         if n <= pts[0][0]:
             return pts[0][1]
@@ -83,14 +90,13 @@ class StepCosts:
         (n0, s0), (n1, s1) = pts[-2], pts[-1]
         return s1 + (s1 - s0) / (n1 - n0) * (n - n1)
 
+    def __call__(self, n: int) -> float:
+        return self.factor * self.measured(n)
+
     def observe(self, n: int, seconds: float) -> None:
-        """Fold in one forward's time (outliers above 3x the estimate count as 3x)."""
-        old = self.seconds.get(n)
-        if old is None:
-            self.seconds[n] = min(seconds, 3 * self(n))
-        else:
-            self.seconds[n] = (1 - self.smoothing) * old + self.smoothing * min(seconds, 3 * old)
-        self.points = sorted(self.seconds.items())
+        """Fold in one forward's time (a ratio above 3x the current factor counts as 3x)."""
+        ratio = min(seconds / self.measured(n), 3 * self.factor)
+        self.factor = (1 - self.smoothing) * self.factor + self.smoothing * ratio
 
     @classmethod
     def measure(cls, model: Transformer, max_n: int, context: int = 128, repeats: int = 5) -> "StepCosts":
@@ -149,6 +155,8 @@ class AdaptiveK:
         self.probe_every = probe_every
         self.probe_k = min(probe_k, max_k)
         self._off_steps = [0] * self.BUCKETS
+        self._step = 0
+        self._counted = [-1] * self.BUCKETS  # the step a bucket's off count last grew in
 
     def accept(self, bucket: int = 0) -> list[float]:
         """Estimated acceptance of each draft position, given the earlier ones were accepted."""
@@ -187,15 +195,21 @@ class AdaptiveK:
             return min(self.probe_k, limit)
         return 0
 
+    def next_step(self) -> None:
+        """Start a batched step: `probe` counts each bucket's steps without drafts once per
+        step, however many sequences of the batch fall in it."""
+        self._step += 1
+
     def probe(self, k: int, available: int, bucket: int = 0) -> int:
         """``k`` as planned elsewhere (`plan_draft_lengths`), except that a bucket which drafted
-        nothing for ``probe_every`` steps in a row drafts ``probe_k`` once, so its estimate can
-        recover."""
+        nothing for ``probe_every`` steps in a row drafts ``probe_k`` once (for one sequence),
+        so its estimate can recover."""
         if k > 0:
             self._off_steps[bucket] = 0
             return k
-        if available == 0:
+        if available == 0 or self._counted[bucket] == self._step:
             return 0
+        self._counted[bucket] = self._step
         self._off_steps[bucket] += 1
         if self._off_steps[bucket] >= self.probe_every:
             self._off_steps[bucket] = 0
@@ -701,6 +715,8 @@ class NativeEngine(BaseEngine):
     def _draft(self, decoding: list[RequestState], policy: AdaptiveK | None
                ) -> dict[RequestState, tuple[list[int], Draft]]:
         """Each decoding sequence's draft for this step (see `plan_draft_lengths`)."""
+        if policy is not None:
+            policy.next_step()
         plans: dict[RequestState, tuple[list[int], Draft]] = {}
         lookups: list[tuple[RequestState, Draft]] = []
         for seq in decoding:
