@@ -66,6 +66,8 @@ class LayerShape:
 
 _GCC_FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
 _PACKED_KINDS = {"q4_1": 0, "q8_0": 1}
+CACHE_DTYPE = torch.float16
+"""What the kernels store keys and values as: half the bytes attention streams per step."""
 _SOURCES = ("cpu_ops.c", "int8_ops.c")
 """The C files under ``engine/csrc/`` built into the one library."""
 
@@ -175,6 +177,7 @@ class CpuOps:
 
     def rope_store(self, qkv: Tensor, rope: Tensor, start: int, heads: int, kv_heads: int,
                    head_dim: int, k_cache: Tensor, v_cache: Tensor) -> None:
+        _check_cache(k_cache, v_cache)
         self._rope_store(qkv.data_ptr(), rope.data_ptr(), start, qkv.shape[0], heads, kv_heads,
                          head_dim, k_cache.data_ptr(), v_cache.data_ptr(), k_cache.shape[-2])
 
@@ -185,6 +188,7 @@ class CpuOps:
         if head_dim % 32 or heads % kv_heads:
             raise ValueError(f"attend needs head_dim % 32 == 0 and heads % kv_heads == 0, got "
                              f"head_dim={head_dim}, heads={heads}, kv_heads={kv_heads}")
+        _check_cache(k_cache, v_cache)
         n = qkv.shape[0]
         out = torch.empty(n, heads * head_dim)
         self._attend(qkv.data_ptr(), qkv.stride(0), k_cache.data_ptr(), v_cache.data_ptr(),
@@ -216,6 +220,7 @@ class CpuOps:
             entry.bqkv = ptr(w["bqkv"])
             entry.qkv, entry.o = matrix(w, "wqkv"), matrix(w, "wo")
             entry.gate_up, entry.down = matrix(w, "w_gate_up"), matrix(w, "w_down")
+            _check_cache(k, v)
             entry.k_cache, entry.v_cache = k.data_ptr(), v.data_ptr()
         return plan
 
@@ -252,6 +257,7 @@ class CpuOps:
                          kv_heads: int, head_dim: int, k_pool: Tensor, v_pool: Tensor) -> None:
         """`rope_store` for a ragged batch: each sequence's rows at its own positions, keys and
         values stored in the block pools ``[blocks, KV, block_size, D]`` by its block table."""
+        _check_cache(k_pool, v_pool)
         self._rope_store_paged(qkv.data_ptr(), rope.data_ptr(), ctypes.addressof(seqs), len(seqs),
                                heads, kv_heads, head_dim, k_pool.data_ptr(), v_pool.data_ptr(),
                                k_pool.shape[2])
@@ -263,6 +269,7 @@ class CpuOps:
         if head_dim % 32 or heads % kv_heads:
             raise ValueError(f"attend needs head_dim % 32 == 0 and heads % kv_heads == 0, got "
                              f"head_dim={head_dim}, heads={heads}, kv_heads={kv_heads}")
+        _check_cache(k_pool, v_pool)
         out = torch.empty(qkv.shape[0], heads * head_dim)
         self._attend_paged(qkv.data_ptr(), qkv.stride(0), k_pool.data_ptr(), v_pool.data_ptr(),
                            out.data_ptr(), ctypes.addressof(seqs), len(seqs), heads, kv_heads,
@@ -285,6 +292,14 @@ class CpuOps:
                                   1.0 / math.sqrt(shape.head_dim), packed_max_rows,
                                   torch.get_num_threads())
 
+
+
+def _check_cache(*caches: Tensor) -> None:
+    """The kernels keep keys and values as float16 (`CACHE_DTYPE`), contiguous."""
+    for cache in caches:
+        if cache.dtype != CACHE_DTYPE or not cache.is_contiguous():
+            raise ValueError(f"KV caches for the CPU kernels must be contiguous {CACHE_DTYPE}, "
+                             f"got {cache.dtype}")
 
 
 def _check_rows(x: Tensor, w: "PackedMatrix | InterleavedMatrix") -> None:

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import packed as packed_weights
-from .cpu_ops import CpuOps, LayerShape, cpu_ops
+from .cpu_ops import CACHE_DTYPE, CpuOps, LayerShape, cpu_ops
 from .packed import InterleavedMatrix, PackedMatrix
 
 log = logging.getLogger(__name__)
@@ -251,8 +251,9 @@ class Block(nn.Module):
         end = start_pos + n
         k_cache[:bsz, :, start_pos:end] = qk[:, :, h:].transpose(1, 2)
         v_cache[:bsz, :, start_pos:end] = v.transpose(1, 2)
-        q = qk[:, :, :h].to(k_cache.dtype)
-        attn = _grouped_attention(q, k_cache[:bsz, :, :end], v_cache[:bsz, :, :end], mask)
+        q = qk[:, :, :h]
+        attn = _grouped_attention(q, k_cache[:bsz, :, :end].to(q.dtype),
+                                  v_cache[:bsz, :, :end].to(q.dtype), mask)
         x = mm(attn.reshape(bsz * n, h * hd).to(x.dtype), w["wo"], residual=x)
         gate_up = mm(rms_norm(x, w["mlp_norm"], eps), w["w_gate_up"])
         inter = cfg.intermediate_size
@@ -275,7 +276,8 @@ class Block(nn.Module):
         else:  # long prefill chunks: torch's attention is the faster one there
             end = start_pos + n
             q = qkv[:, :h * hd].view(1, n, h, hd)
-            attn = _grouped_attention(q, k_cache[:1, :, :end], v_cache[:1, :, :end], mask)
+            attn = _grouped_attention(q, k_cache[:1, :, :end].to(q.dtype),
+                                      v_cache[:1, :, :end].to(q.dtype), mask)
             attn = attn.reshape(n, h * hd)
         x = mm(attn, w["wo"], residual=x, packed=p.get("wo"), int8=q8.get("wo"))
         gate_up = mm(ops.rms_norm(x, w["mlp_norm"], eps), w["w_gate_up"],
@@ -332,7 +334,8 @@ class Transformer(nn.Module):
         ops = cpu_ops() if cpu_kernel and on_cpu else None
         self.matmul = Matmul(dtype, compute_dtype, ops)
         self._precision = precision
-        self.ops = ops if ops is not None and _fits_cpu_ops(cfg) else None
+        # the kernels serve bf16 checkpoints (float16 KV cache); float32 ones stay on torch ops
+        self.ops = ops if ops is not None and dtype == torch.bfloat16 and _fits_cpu_ops(cfg) else None
         self.layer_weights: list[dict[str, Tensor | None]] = []
         self.rope = torch.empty(0, dtype=torch.complex64)
         self.rope_pairs = torch.empty(0)
@@ -508,8 +511,8 @@ class Transformer(nn.Module):
         self.max_batch, self.max_seq_len = max_batch, max_seq_len
         shape = (max_batch, self.cfg.num_kv_heads, max_seq_len, self.cfg.head_dim)
         self.caches = [
-            (torch.zeros(shape, dtype=self.compute_dtype, device=self.device),
-             torch.zeros(shape, dtype=self.compute_dtype, device=self.device))
+            (torch.zeros(shape, dtype=self.cache_dtype, device=self.device),
+             torch.zeros(shape, dtype=self.cache_dtype, device=self.device))
             for _ in range(self.cfg.num_layers)
         ]
 
@@ -536,6 +539,12 @@ class Transformer(nn.Module):
         return clone.eval()
 
     # ------------------------------------------------------------------------------ forward
+
+    @property
+    def cache_dtype(self) -> torch.dtype:
+        """What keys and values are stored as: float16 with the CPU kernels (`CACHE_DTYPE`:
+        half the bytes attention streams), else the activations' dtype."""
+        return CACHE_DTYPE if self.ops is not None else self.compute_dtype
 
     @property
     def vocab_size(self) -> int:

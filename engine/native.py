@@ -384,14 +384,14 @@ class NativeEngine(BaseEngine):
         self._urgent_alone_s = 0.0  # recent duration of a step of urgent requests only
         cfg = self.model.cfg
         per_token = KVPool.bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim,
-                                           self.model.compute_dtype)
+                                           self.model.cache_dtype)
         self.kv_cache_bytes = kv_cache_bytes or 512 * 2**20
         num_blocks = self.kv_cache_bytes // (per_token * block_size)
         if num_blocks < 1:
             raise ValueError(f"kv_cache_bytes={self.kv_cache_bytes} holds no block of {block_size} "
                              f"tokens ({per_token * block_size} bytes)")
         self.pool = KVPool(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, num_blocks, block_size,
-                           self.model.compute_dtype, self.device)
+                           self.model.cache_dtype, self.device)
         self.proposer = self._make_proposer(speculation, draft_model, dtype)
         self.speculation = (None if self.proposer is None else
                             speculation if isinstance(speculation, str) else self.proposer.name)

@@ -42,6 +42,8 @@ static inline void store_sums(const __m256 *acc, int R, float *y, int64_t ystrid
         __m256 acc[R];                                                                  \
         for (int i = 0; i < R; i++) acc[i] = _mm256_setzero_ps();                       \
         for (int64_t k = 0; k < K; k += 8) {                                            \
+            if (R > 3 && (k & 31) == 0)                                                 \
+                _mm_prefetch((const char *)(wr + 8 * K + k), _MM_HINT_T0);              \
             const __m256 c = load_bf16x8(wr + k);                                       \
             for (int i = 0; i < R; i++)                                                 \
                 acc[i] = _mm256_fmadd_ps(c, _mm256_loadu_ps(x + i * K + k), acc[i]);    \
@@ -102,14 +104,14 @@ static inline int64_t rows_per_pass(int64_t M, int64_t K) {
 }
 
 /* y[M, N] = x[M, K] (float32) . w[N, K]^T (bfloat16) (+ residual[M, N] if not NULL), with
-   K % 8 == 0. Up to DIRECT_ROWS rows, each weight row streams once past all of them. More
-   rows: each thread takes tiles of TILE_ROWS weight rows in order and runs the activation rows
+   K % 8 == 0. Up to DIRECT_ROWS rows, or up to 12 that fit in 24 KB of L1, each weight row
+   streams once past all of them (prefetched ahead for 4+ rows). More rows: each thread takes tiles of TILE_ROWS weight rows in order and runs the activation rows
    over a tile a few at a time (they stay in L1, the tile in L2), two weight rows per pass.
    Every output is summed in the same order whatever M is, so a row's result never depends on
    the rows batched with it. */
 void bf16_linear(const float *x, const uint16_t *w, float *y, const float *residual,
                  int64_t M, int64_t N, int64_t K, int threads) {
-    if (M <= DIRECT_ROWS) {
+    if (M <= DIRECT_ROWS || (M <= 12 && 4 * M * K <= 24576)) {
 #pragma omp parallel for num_threads(threads) schedule(static)
         for (int64_t n = 0; n < N; n++)
             DOTS[M](w + n * K, x, K, y + n, N);
@@ -305,10 +307,24 @@ void silu_mul(const float *gu, float *y, int64_t M, int64_t I) {
         }
 }
 
+/* ---- the KV cache holds float16 (IEEE half) keys and values: half the bytes attention
+   streams; every path stores and reads them the same way, so results stay path-independent. */
+typedef uint16_t kv_t;
+
+static inline void store_kv_row(kv_t *dst, const float *src, int64_t D) {
+    for (int64_t d = 0; d < D; d += 8)
+        _mm_storeu_si128((__m128i *)(dst + d),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(src + d), _MM_FROUND_TO_NEAREST_INT));
+}
+
+static inline __m256 load_kv(const kv_t *p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
+
 /* Rotate the q and k heads of qkv [n, (H + 2 KV) * D] in place (adjacent pairs, rope[pos] holds
    D/2 (cos, sin) pairs) and store k, v rows into the caches [KV, T, D] at start .. start+n-1. */
 void rope_store(float *qkv, const float *rope, int64_t start, int64_t n, int64_t H, int64_t KV,
-                int64_t D, float *k_cache, float *v_cache, int64_t T) {
+                int64_t D, kv_t *k_cache, kv_t *v_cache, int64_t T) {
     const int64_t row = (H + 2 * KV) * D;
     for (int64_t r = 0; r < n; r++) {
         float *v = qkv + r * row;
@@ -322,8 +338,8 @@ void rope_store(float *qkv, const float *rope, int64_t start, int64_t n, int64_t
             }
         }
         for (int64_t j = 0; j < KV; j++) {
-            memcpy(k_cache + (j * T + start + r) * D, v + (H + j) * D, D * sizeof(float));
-            memcpy(v_cache + (j * T + start + r) * D, v + (H + KV + j) * D, D * sizeof(float));
+            store_kv_row(k_cache + (j * T + start + r) * D, v + (H + j) * D, D);
+            store_kv_row(v_cache + (j * T + start + r) * D, v + (H + KV + j) * D, D);
         }
     }
 }
@@ -334,7 +350,7 @@ void rope_store(float *qkv, const float *rope, int64_t start, int64_t n, int64_t
    accumulator over d whatever G, KB and the key block are, so heads and keys can be grouped
    freely. */
 #define DEFINE_SCORES(G, KB)                                                                \
-    static void scores##G(const float *q, const float *keys, int64_t D, int64_t len,        \
+    static void scores##G(const float *q, const kv_t *keys, int64_t D, int64_t len,         \
                           float scale, float *s, int64_t ss) {                              \
         int64_t t = 0;                                                                     \
         for (; t + KB <= len; t += KB) {                                                   \
@@ -345,7 +361,7 @@ void rope_store(float *qkv, const float *rope, int64_t start, int64_t n, int64_t
                 __m256 qv[G];                                                              \
                 for (int g = 0; g < G; g++) qv[g] = _mm256_loadu_ps(q + g * D + d);        \
                 for (int j = 0; j < KB; j++) {                                             \
-                    const __m256 kv = _mm256_loadu_ps(keys + (t + j) * D + d);             \
+                    const __m256 kv = load_kv(keys + (t + j) * D + d);                     \
                     for (int g = 0; g < G; g++) acc[g][j] = _mm256_fmadd_ps(qv[g], kv, acc[g][j]); \
                 }                                                                          \
             }                                                                              \
@@ -363,7 +379,7 @@ void rope_store(float *qkv, const float *rope, int64_t start, int64_t n, int64_t
             __m256 acc[G];                                                                 \
             for (int g = 0; g < G; g++) acc[g] = _mm256_setzero_ps();                      \
             for (int64_t d = 0; d < D; d += 8) {                                           \
-                const __m256 kv = _mm256_loadu_ps(keys + t * D + d);                       \
+                const __m256 kv = load_kv(keys + t * D + d);                               \
                 for (int g = 0; g < G; g++)                                                \
                     acc[g] = _mm256_fmadd_ps(_mm256_loadu_ps(q + g * D + d), kv, acc[g]);  \
             }                                                                              \
@@ -376,7 +392,7 @@ DEFINE_SCORES(1, 4) DEFINE_SCORES(2, 4) DEFINE_SCORES(3, 4) DEFINE_SCORES(4, 4)
    time (D % (8 CW) == 0); acc is loaded and stored around the block, which leaves every sum
    exactly as if it had stayed in registers. */
 #define DEFINE_MIX(G, CW)                                                                   \
-    static void mix##G##_##CW(const float *s, int64_t ss, int64_t len, const float *vals,    \
+    static void mix##G##_##CW(const float *s, int64_t ss, int64_t len, const kv_t *vals,     \
                               int64_t D, float *acc_out) {                                  \
         for (int64_t d0 = 0; d0 < D; d0 += 8 * CW) {                                       \
             __m256 acc[G][CW];                                                             \
@@ -384,7 +400,7 @@ DEFINE_SCORES(1, 4) DEFINE_SCORES(2, 4) DEFINE_SCORES(3, 4) DEFINE_SCORES(4, 4)
                 for (int c = 0; c < CW; c++) acc[g][c] = _mm256_loadu_ps(acc_out + g * D + d0 + 8 * c); \
             for (int64_t t = 0; t < len; t++) {                                            \
                 __m256 v[CW];                                                              \
-                for (int c = 0; c < CW; c++) v[c] = _mm256_loadu_ps(vals + t * D + d0 + 8 * c); \
+                for (int c = 0; c < CW; c++) v[c] = load_kv(vals + t * D + d0 + 8 * c);     \
                 for (int g = 0; g < G; g++) {                                              \
                     const __m256 p = _mm256_set1_ps(s[g * ss + t]);                        \
                     for (int c = 0; c < CW; c++) acc[g][c] = _mm256_fmadd_ps(p, v[c], acc[g][c]); \
@@ -397,8 +413,8 @@ DEFINE_SCORES(1, 4) DEFINE_SCORES(2, 4) DEFINE_SCORES(3, 4) DEFINE_SCORES(4, 4)
     }
 DEFINE_MIX(1, 8) DEFINE_MIX(1, 4) DEFINE_MIX(2, 4) DEFINE_MIX(3, 4) DEFINE_MIX(4, 2)
 
-typedef void (*scores_fn)(const float *, const float *, int64_t, int64_t, float, float *, int64_t);
-typedef void (*mix_fn)(const float *, int64_t, int64_t, const float *, int64_t, float *);
+typedef void (*scores_fn)(const float *, const kv_t *, int64_t, int64_t, float, float *, int64_t);
+typedef void (*mix_fn)(const float *, int64_t, int64_t, const kv_t *, int64_t, float *);
 static const scores_fn SCORES[5] = {0, scores1, scores2, scores3, scores4};
 static const mix_fn MIXES[5] = {0, mix1_4, mix2_4, mix3_4, mix4_2};
 
@@ -436,7 +452,7 @@ static float softmax_row(float *s, int64_t len) {
    time, and every row of the chunk uses a block while it is in L1, so a verify step reads
    the cache about once per thread instead of once per row. A row's result depends only on
    its own position, never on n or on the chunking. */
-void attend(const float *q, int64_t q_stride, const float *k_cache, const float *v_cache,
+void attend(const float *q, int64_t q_stride, const kv_t *k_cache, const kv_t *v_cache,
             float *out, int64_t n, int64_t start, int64_t H, int64_t KV, int64_t D, int64_t T,
             float scale, int threads) {
     const int64_t groups = H / KV;
@@ -454,7 +470,7 @@ void attend(const float *q, int64_t q_stride, const float *k_cache, const float 
         if (rows <= 0) continue;
         const int G = groups - g0 < per_task ? (int)(groups - g0) : (int)per_task;
         const int64_t ss = start + r0 + rows + 8;  /* score stride: the longest row, padded */
-        const float *keys = k_cache + kv * T * D, *vals = v_cache + kv * T * D;
+        const kv_t *keys = k_cache + kv * T * D, *vals = v_cache + kv * T * D;
         float *s = (float *)malloc((size_t)(rows * G * ss) * sizeof(float));
         float *acc = (float *)calloc((size_t)(rows * G * D), sizeof(float));
         const int64_t block = rows > 1 ? KEY_BLOCK : ss;  /* one row: nothing to share */
@@ -506,7 +522,7 @@ void int8_linear(const float *x, const uint8_t *w, int kind, float *y, const flo
 typedef struct {
     const float *attn_norm, *mlp_norm, *bqkv;  /* bqkv may be NULL */
     Matrix qkv, o, gate_up, down;
-    float *k_cache, *v_cache;                  /* [KV, T, D] */
+    kv_t *k_cache, *v_cache;                   /* [KV, T, D] float16 */
 } Layer;
 
 /* y = x . W^T (+ residual) as `Matmul` does it: the blocks with int8 activations when the
@@ -535,7 +551,7 @@ typedef struct {
 
 /* Rotate the q and k heads of each row (as rope_store) and store its k, v rows in the pools. */
 void rope_store_paged(float *qkv, const float *rope, const Seq *seqs, int64_t S, int64_t H,
-                      int64_t KV, int64_t D, float *k_pool, float *v_pool, int64_t BS) {
+                      int64_t KV, int64_t D, kv_t *k_pool, kv_t *v_pool, int64_t BS) {
     const int64_t row = (H + 2 * KV) * D;
     for (int64_t q = 0; q < S; q++) {
         const Seq *sq = seqs + q;
@@ -553,8 +569,8 @@ void rope_store_paged(float *qkv, const float *rope, const Seq *seqs, int64_t S,
             }
             const int64_t block = sq->blocks[pos / BS], off = pos % BS;
             for (int64_t j = 0; j < KV; j++) {
-                memcpy(k_pool + ((block * KV + j) * BS + off) * D, v + (H + j) * D, D * sizeof(float));
-                memcpy(v_pool + ((block * KV + j) * BS + off) * D, v + (H + KV + j) * D, D * sizeof(float));
+                store_kv_row(k_pool + ((block * KV + j) * BS + off) * D, v + (H + j) * D, D);
+                store_kv_row(v_pool + ((block * KV + j) * BS + off) * D, v + (H + KV + j) * D, D);
             }
         }
     }
@@ -565,10 +581,17 @@ typedef struct {
     int G;
 } AttendTask;
 
+/* Ask for the `bytes` at p (a KV block somewhere in the pool: the hardware cannot guess it)
+   while the current block is worked on. */
+static inline void prefetch_block(const kv_t *p, int64_t bytes) {
+    for (int64_t off = 0; off < bytes; off += 64)
+        _mm_prefetch((const char *)p + off, _MM_HINT_T1);
+}
+
 /* One task of attend_paged: kv head `kv` of sequence sq for rows r0 .. r0+rows-1 and query
    heads g0 .. g0+G-1 of that kv head, keys and values walked one block (BS rows) at a time. */
-static void attend_paged_task(const float *q, int64_t q_stride, const float *k_pool,
-                              const float *v_pool, float *out, const Seq *sq, const AttendTask *tk,
+static void attend_paged_task(const float *q, int64_t q_stride, const kv_t *k_pool,
+                              const kv_t *v_pool, float *out, const Seq *sq, const AttendTask *tk,
                               int64_t H, int64_t KV, int64_t D, int64_t BS, float scale) {
     const int64_t groups = H / KV, kv = tk->kv, r0 = tk->r0, rows = tk->rows;
     const int G = tk->G;
@@ -576,8 +599,11 @@ static void attend_paged_task(const float *q, int64_t q_stride, const float *k_p
     const int64_t ss = start + r0 + rows + 8;
     float *s = (float *)malloc((size_t)(rows * G * ss) * sizeof(float));
     float *acc = (float *)calloc((size_t)(rows * G * D), sizeof(float));
-    for (int64_t t0 = 0; t0 < start + r0 + rows; t0 += BS) {
-        const float *keys = k_pool + (sq->blocks[t0 / BS] * KV + kv) * BS * D;
+    const int64_t end = start + r0 + rows, block_bytes = BS * D * (int64_t)sizeof(kv_t);
+    for (int64_t t0 = 0; t0 < end; t0 += BS) {
+        const kv_t *keys = k_pool + (sq->blocks[t0 / BS] * KV + kv) * BS * D;
+        prefetch_block(t0 + BS < end ? k_pool + (sq->blocks[t0 / BS + 1] * KV + kv) * BS * D
+                                     : v_pool + (sq->blocks[0] * KV + kv) * BS * D, block_bytes);
         for (int64_t r = 0; r < rows; r++) {
             const int64_t len = start + r0 + r + 1 - t0;
             if (len > 0)
@@ -589,8 +615,10 @@ static void attend_paged_task(const float *q, int64_t q_stride, const float *k_p
     for (int64_t j = 0; j < rows * G; j++)
         inv[j] = softmax_row(s + j * ss, start + r0 + j / G + 1);
     const mix_fn mix = G == 1 && D % 64 == 0 ? mix1_8 : MIXES[G];
-    for (int64_t t0 = 0; t0 < start + r0 + rows; t0 += BS) {
-        const float *vals = v_pool + (sq->blocks[t0 / BS] * KV + kv) * BS * D;
+    for (int64_t t0 = 0; t0 < end; t0 += BS) {
+        const kv_t *vals = v_pool + (sq->blocks[t0 / BS] * KV + kv) * BS * D;
+        if (t0 + BS < end)
+            prefetch_block(v_pool + (sq->blocks[t0 / BS + 1] * KV + kv) * BS * D, block_bytes);
         for (int64_t r = 0; r < rows; r++) {
             const int64_t len = start + r0 + r + 1 - t0;
             if (len > 0)
@@ -612,7 +640,7 @@ static void attend_paged_task(const float *q, int64_t q_stride, const float *k_p
 /* Causal attention of every sequence's rows over its own paged keys and values (row r of a
    sequence sees its positions 0 .. start + r); out [rows, H * D]. Tasks as in `attend` (a kv
    head, a chunk of rows, a chunk of its query heads), for all sequences in one parallel loop. */
-void attend_paged(const float *q, int64_t q_stride, const float *k_pool, const float *v_pool,
+void attend_paged(const float *q, int64_t q_stride, const kv_t *k_pool, const kv_t *v_pool,
                   float *out, const Seq *seqs, int64_t S, int64_t H, int64_t KV, int64_t D,
                   int64_t BS, float scale, int threads) {
     const int64_t groups = H / KV;

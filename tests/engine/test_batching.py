@@ -77,6 +77,12 @@ def _ragged_steps(model: Transformer, ids: torch.Tensor, pool: KVPool) -> list[t
     return [torch.cat(o) for o in out]
 
 
+def _pool(model: Transformer) -> KVPool:
+    """A small block pool in the model's cache format."""
+    cfg = model.cfg
+    return KVPool(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, 10, 32, dtype=model.cache_dtype)
+
+
 def test_ragged_batch_equals_each_sequence_alone_bit_for_bit():
     path = models.ensure("smollm2-135m", "bf16")
     for model in (Transformer.from_pretrained(path, "bf16", max_seq_len=128), qwen_like()):
@@ -89,10 +95,9 @@ def test_ragged_batch_equals_each_sequence_alone_bit_for_bit():
                 cuts = [0, 30, 60, 61, 90]
                 alone.append(torch.cat([model(ids[i:i + 1, a:b], a)[0]
                                         for a, b in zip(cuts, cuts[1:])]))
-        pool = KVPool(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, 10, 32)
-        fused = _ragged_steps(model, ids, pool)
+        fused = _ragged_steps(model, ids, _pool(model))
         model.fused_layers = False
-        per_op = _ragged_steps(model, ids, KVPool(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, 10, 32))
+        per_op = _ragged_steps(model, ids, _pool(model))
         model.fused_layers = True
         for i in range(3):
             assert torch.equal(fused[i], per_op[i]), "one C call must equal one call per op"
@@ -112,9 +117,9 @@ def test_int8_ragged_batch_equals_each_sequence_alone_bit_for_bit():
     with torch.inference_mode():
         alone = [torch.cat([model(ids[i:i + 1, a:b], a)[0] for a, b in ((0, 32), (32, 33), (33, 60), (60, 90))])
                  for i in range(3)]
-    fused = _ragged_steps(model, ids, KVPool(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, 10, 32))
+    fused = _ragged_steps(model, ids, _pool(model))
     model.fused_layers = False
-    per_op = _ragged_steps(model, ids, KVPool(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, 10, 32))
+    per_op = _ragged_steps(model, ids, _pool(model))
     model.fused_layers = True
     for i in range(3):
         assert torch.equal(fused[i], per_op[i])
@@ -128,8 +133,8 @@ def test_torch_path_matches_the_kernels():
     slow = Transformer.from_pretrained(path, "bf16", max_seq_len=128, cpu_kernel=False)
     cfg = fast.cfg
     ids = torch.randint(0, fast.vocab_size, (3, 90), generator=torch.Generator().manual_seed(4))
-    a = _ragged_steps(fast, ids, KVPool(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, 10, 32))
-    b = _ragged_steps(slow, ids, KVPool(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, 10, 32))
+    a = _ragged_steps(fast, ids, _pool(fast))
+    b = _ragged_steps(slow, ids, _pool(slow))
     for x, y in zip(a, b):
         assert (x - y).abs().max() < 2e-2 * y.abs().max()
         assert (x.argmax(-1) == y.argmax(-1)).float().mean() >= 0.8
@@ -261,8 +266,15 @@ async def test_sixteen_subqueries_prefill_the_shared_prefix_once(plain):
 
 # --------------------------------------------------------------- engine: KV budget
 
+def _smollm_bytes_per_token() -> int:
+    """KV bytes per token of the pulled model in the format the engine will store."""
+    from agentrt.engine.cpu_ops import CACHE_DTYPE, cpu_ops
+
+    return KVPool.bytes_per_token(30, 3, 64, CACHE_DTYPE if cpu_ops() is not None else torch.float32)
+
+
 async def test_small_budget_queues_and_preempts_without_changing_outputs():
-    per_token = KVPool.bytes_per_token(30, 3, 64)
+    per_token = _smollm_bytes_per_token()
     eng = NativeEngine(speculation=None, max_seq_len=1024, kv_cache_bytes=per_token * 64 * 4,
                        block_size=64)
     try:
@@ -282,7 +294,7 @@ async def test_small_budget_queues_and_preempts_without_changing_outputs():
 
 
 async def test_urgent_request_preempts_less_urgent_ones():
-    per_token = KVPool.bytes_per_token(30, 3, 64)
+    per_token = _smollm_bytes_per_token()
     eng = NativeEngine(speculation=None, max_seq_len=1024, kv_cache_bytes=per_token * 64 * 3,
                        block_size=64)
     try:

@@ -1,5 +1,6 @@
 """The compiled CPU attention (`CpuOps.attend`) against a torch reference: grouped heads of
-several widths, single and multi-row calls, and rows that never depend on the batch."""
+several widths, single and multi-row calls, and rows that never depend on the batch. Caches
+hold float16 keys and values; the reference reads the same values."""
 
 from __future__ import annotations
 
@@ -42,19 +43,26 @@ def test_attend_matches_reference(ops, heads, kv_heads, dim, start, n):
     gen = torch.Generator().manual_seed(heads * 1000 + start + n)
     length = start + n
     qkv = torch.randn(n, (heads + 2 * kv_heads) * dim, generator=gen)
-    k_cache = torch.randn(kv_heads, length + 3, dim, generator=gen)
-    v_cache = torch.randn(kv_heads, length + 3, dim, generator=gen)
+    k_cache = torch.randn(kv_heads, length + 3, dim, generator=gen).half()
+    v_cache = torch.randn(kv_heads, length + 3, dim, generator=gen).half()
     got = ops.attend(qkv, k_cache, v_cache, start, heads, kv_heads, dim)
     want = reference(qkv, k_cache, v_cache, start, heads, kv_heads, dim)
     assert (got - want).abs().max() < 1e-5
+
+
+def test_attend_refuses_float32_caches(ops):
+    qkv = torch.randn(1, 5 * 32)
+    cache = torch.zeros(1, 4, 32)
+    with pytest.raises(ValueError, match="float16"):
+        ops.attend(qkv, cache, cache, 0, 3, 1, 32)
 
 
 def test_attend_rows_do_not_depend_on_the_batch(ops):
     heads, kv_heads, dim, start, n = 9, 3, 64, 301, 9
     gen = torch.Generator().manual_seed(7)
     qkv = torch.randn(n, (heads + 2 * kv_heads) * dim, generator=gen)
-    k_cache = torch.randn(kv_heads, start + n, dim, generator=gen)
-    v_cache = torch.randn(kv_heads, start + n, dim, generator=gen)
+    k_cache = torch.randn(kv_heads, start + n, dim, generator=gen).half()
+    v_cache = torch.randn(kv_heads, start + n, dim, generator=gen).half()
     together = ops.attend(qkv, k_cache, v_cache, start, heads, kv_heads, dim)
     for r in range(n):
         alone = ops.attend(qkv[r:r + 1].clone(), k_cache, v_cache, start + r, heads, kv_heads, dim)

@@ -90,7 +90,9 @@ def test_llama_matches_transformers_on_other_families(tmp_path, model_type):
 
 def test_bf16_model_matches_float32_math_on_bf16_weights():
     """bf16 weights on CPU: activations are float32, so logits match transformers run in
-    float32 on the same (bf16-rounded) weights, and single-token and batched forwards agree."""
+    float32 on the same (bf16-rounded) weights, and single-token and batched forwards agree.
+    With the CPU kernels keys and values are stored as float16 (relative rounding <= 2^-11),
+    which moves logits by a few 1e-4 of their scale (float32 caches: < 1e-4)."""
     path = models.ensure("smollm2-135m", "bf16")
     model = Transformer.from_pretrained(path, "bf16", max_seq_len=64)
     reference = _hf_model(path, torch.float32)
@@ -100,9 +102,11 @@ def test_bf16_model_matches_float32_math_on_bf16_weights():
         wide = model(ids, 0)
         step = torch.cat([model(ids[:, i:i + 1], i) for i in range(10)], dim=1)
     scale = ref.abs().max()
-    assert (wide - ref).abs().max() < 1e-4 * scale
-    assert (step - ref).abs().max() < 1e-4 * scale
+    tolerance = 1e-3 if model.cache_dtype == torch.float16 else 1e-4
+    assert (wide - ref).abs().max() < tolerance * scale
+    assert (step - ref).abs().max() < tolerance * scale
     assert torch.equal(wide.argmax(-1), step.argmax(-1))
+    assert torch.equal(wide.argmax(-1), ref.argmax(-1))
 
 
 def _ops_or_skip():
@@ -144,24 +148,25 @@ def test_cpu_fused_ops_match_torch():
 
     heads, kv_heads, dim, length, start = 6, 2, 32, 40, 37
     rope = torch.polar(torch.ones(64, dim // 2), torch.rand(64, dim // 2, generator=gen) * 6)
-    k_cache = torch.randn(1, kv_heads, 64, dim, generator=gen)
-    v_cache = torch.randn(1, kv_heads, 64, dim, generator=gen)
+    k_cache = torch.randn(1, kv_heads, 64, dim, generator=gen).half()
+    v_cache = torch.randn(1, kv_heads, 64, dim, generator=gen).half()
     qkv = torch.randn(3, (heads + 2 * kv_heads) * dim, generator=gen)
     expected_qk = apply_rope(qkv[:, :(heads + kv_heads) * dim].view(1, 3, heads + kv_heads, dim),
                              rope[start:start + 3, None])
     k_ref, v_ref = k_cache.clone(), v_cache.clone()
-    k_ref[0, :, start:start + 3] = expected_qk[0, :, heads:].transpose(0, 1)
+    k_ref[0, :, start:start + 3] = expected_qk[0, :, heads:].transpose(0, 1)  # rounded to float16
     v_ref[0, :, start:start + 3] = qkv[:, (heads + kv_heads) * dim:].view(3, kv_heads, dim).transpose(0, 1)
     ops.rope_store(qkv, torch.view_as_real(rope).contiguous(), start, heads, kv_heads, dim, k_cache, v_cache)
     rotated = qkv[:, :(heads + kv_heads) * dim].view(1, 3, heads + kv_heads, dim)
     assert torch.allclose(rotated, expected_qk, atol=1e-5)
-    assert torch.allclose(k_cache, k_ref, atol=1e-5) and torch.equal(v_cache, v_ref)
+    assert torch.allclose(k_cache.float(), k_ref.float(), atol=1e-3) and torch.equal(v_cache, v_ref)
 
     got = ops.attend(qkv, k_cache, v_cache, start, heads, kv_heads, dim)
     groups = heads // kv_heads
     causal = (torch.arange(start + 3)[None, :] <= torch.arange(start, start + 3)[:, None]).repeat(groups, 1)
     ref = _grouped_attention(qkv[:, :heads * dim].view(1, 3, heads, dim),
-                             k_cache[:, :, :start + 3], v_cache[:, :, :start + 3], causal)
+                             k_cache[:, :, :start + 3].float(), v_cache[:, :, :start + 3].float(),
+                             causal)
     assert torch.allclose(got, ref.reshape(3, -1), atol=1e-5)
 
 
