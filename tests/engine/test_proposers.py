@@ -260,3 +260,29 @@ def test_adaptive_k_learns_per_match_length():
     # a bucket switched off probes again now and then, so its estimate can recover
     picks = [policy.choose(12, weak) for _ in range(policy.probe_every)]
     assert picks.count(0) == policy.probe_every - 1 and max(picks) > 0
+
+
+def test_step_costs_fold_observations_into_the_whole_curve():
+    """A batch's step time (many sequences' attention) scales every size alike: it must never
+    make a few more rows look cheaper than the rows already in the step."""
+    from agentrt.engine.native import StepCosts, plan_draft_lengths
+
+    costs = StepCosts({1: 0.010, 8: 0.014, 16: 0.020, 32: 0.040})
+    for _ in range(50):
+        costs.observe(16, 0.060)  # 16 sequences' steps, 3x the one-sequence measurement
+    assert costs(16) == pytest.approx(0.060, rel=0.05)
+    assert costs(16) < costs(17) < costs(24)
+    assert costs(24) / costs(16) == pytest.approx(costs.measured(24) / costs.measured(16))
+    # 16 sequences each with a weak 2-row draft: the extra rows do not pay for themselves
+    assert plan_draft_lengths([[0.3, 0.1]] * 16, 16, 16, costs) == [0] * 16
+
+
+def test_probes_count_steps_not_sequences():
+    from agentrt.engine.native import AdaptiveK, StepCosts
+
+    policy = AdaptiveK(StepCosts({1: 0.01, 8: 0.012}), max_k=8)
+    probes = 0
+    for _ in range(3 * policy.probe_every):
+        policy.next_step()
+        probes += sum(policy.probe(0, 5, 1) > 0 for _ in range(16))  # 16 sequences, bucket 1
+    assert probes == 3
