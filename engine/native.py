@@ -301,7 +301,7 @@ class NativeEngine(BaseEngine):
         threads: torch CPU threads (default: torch's setting).
         prefix_cache: reuse cached keys/values of prompt prefixes seen before (any request's).
         prefill_chunk: the most prompt tokens one request feeds in one step.
-        kv_cache_bytes: the KV cache budget (default 512 MiB: ~11.6k tokens of SmolLM2-135M);
+        kv_cache_bytes: the KV cache budget (default 512 MiB: ~23k tokens of SmolLM2-135M in float16);
             requests wait when it is full, and one that could never fit is refused.
         block_size: positions per KV block (the prefix cache shares whole blocks and copies
             the last partial one).
