@@ -105,8 +105,9 @@ static inline int64_t rows_per_pass(int64_t M, int64_t K) {
 
 /* y[M, N] = x[M, K] (float32) . w[N, K]^T (bfloat16) (+ residual[M, N] if not NULL), with
    K % 8 == 0. Up to DIRECT_ROWS rows, or up to 12 that fit in 24 KB of L1, each weight row
-   streams once past all of them (prefetched ahead for 4+ rows). More rows: each thread takes tiles of TILE_ROWS weight rows in order and runs the activation rows
-   over a tile a few at a time (they stay in L1, the tile in L2), two weight rows per pass.
+   streams once past all of them (prefetched ahead for 4+ rows). More rows: each thread takes
+   tiles of TILE_ROWS weight rows in order and runs the activation rows over a tile a few at a
+   time (they stay in L1, the tile in L2), two weight rows per pass.
    Every output is summed in the same order whatever M is, so a row's result never depends on
    the rows batched with it. */
 void bf16_linear(const float *x, const uint16_t *w, float *y, const float *residual,
