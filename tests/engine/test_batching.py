@@ -87,7 +87,6 @@ def test_ragged_batch_equals_each_sequence_alone_bit_for_bit():
     path = models.ensure("smollm2-135m", "bf16")
     for model in (Transformer.from_pretrained(path, "bf16", max_seq_len=128), qwen_like()):
         _kernels_or_skip(model)
-        cfg = model.cfg
         ids = torch.randint(0, model.vocab_size, (3, 90), generator=torch.Generator().manual_seed(3))
         alone = []
         with torch.inference_mode():
@@ -112,7 +111,6 @@ def test_int8_ragged_batch_equals_each_sequence_alone_bit_for_bit():
     _kernels_or_skip(model)
     if model.int8_head is None:
         pytest.skip("no GGUF blocks for this checkpoint: int8 precision is not in use")
-    cfg = model.cfg
     ids = torch.randint(0, model.vocab_size, (3, 90), generator=torch.Generator().manual_seed(5))
     with torch.inference_mode():
         alone = [torch.cat([model(ids[i:i + 1, a:b], a)[0] for a, b in ((0, 32), (32, 33), (33, 60), (60, 90))])
@@ -131,7 +129,6 @@ def test_torch_path_matches_the_kernels():
     fast = Transformer.from_pretrained(path, "bf16", max_seq_len=128)
     _kernels_or_skip(fast)
     slow = Transformer.from_pretrained(path, "bf16", max_seq_len=128, cpu_kernel=False)
-    cfg = fast.cfg
     ids = torch.randint(0, fast.vocab_size, (3, 90), generator=torch.Generator().manual_seed(4))
     a = _ragged_steps(fast, ids, _pool(fast))
     b = _ragged_steps(slow, ids, _pool(slow))
