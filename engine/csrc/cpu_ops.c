@@ -247,7 +247,8 @@ void packed_linear(const float *x, const uint8_t *w, int kind, int rnd, float *y
                             float out[6 * 2];
                             memset(buf + (r + 1) * K, 0, (size_t)K * sizeof(float));
                             WIDE_DOT2[rows](buf + r * K, x + m0 * K, K, out, 2);
-                            for (int64_t i = 0; i < rows; i++) y[(m0 + i) * N + n0 + r] = out[2 * i];
+                            for (int64_t i = 0; i < rows; i++)
+                                y[(m0 + i) * N + n0 + r] = out[2 * i];
                         }
                     }
                 }
@@ -320,29 +321,6 @@ static inline void store_kv_row(kv_t *dst, const float *src, int64_t D) {
 
 static inline __m256 load_kv(const kv_t *p) {
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
-}
-
-/* Rotate the q and k heads of qkv [n, (H + 2 KV) * D] in place (adjacent pairs, rope[pos] holds
-   D/2 (cos, sin) pairs) and store k, v rows into the caches [KV, T, D] at start .. start+n-1. */
-void rope_store(float *qkv, const float *rope, int64_t start, int64_t n, int64_t H, int64_t KV,
-                int64_t D, kv_t *k_cache, kv_t *v_cache, int64_t T) {
-    const int64_t row = (H + 2 * KV) * D;
-    for (int64_t r = 0; r < n; r++) {
-        float *v = qkv + r * row;
-        const float *cs = rope + (start + r) * D;
-        for (int64_t head = 0; head < H + KV; head++) {
-            float *x = v + head * D;
-            for (int64_t i = 0; i < D; i += 2) {
-                const float a = x[i], b = x[i + 1], c = cs[i], s = cs[i + 1];
-                x[i] = a * c - b * s;
-                x[i + 1] = a * s + b * c;
-            }
-        }
-        for (int64_t j = 0; j < KV; j++) {
-            store_kv_row(k_cache + (j * T + start + r) * D, v + (H + j) * D, D);
-            store_kv_row(v_cache + (j * T + start + r) * D, v + (H + KV + j) * D, D);
-        }
-    }
 }
 
 /* Attention of the G query heads that share one kv head (q [G, D], contiguous) over
@@ -550,7 +528,8 @@ typedef struct {
     const int32_t *blocks;    /* block table */
 } Seq;
 
-/* Rotate the q and k heads of each row (as rope_store) and store its k, v rows in the pools. */
+/* Rotate the q and k heads of each row (adjacent pairs, rope[pos] holds D/2 (cos, sin) pairs)
+   in place and store its k, v rows in the pools. */
 void rope_store_paged(float *qkv, const float *rope, const Seq *seqs, int64_t S, int64_t H,
                       int64_t KV, int64_t D, kv_t *k_pool, kv_t *v_pool, int64_t BS) {
     const int64_t row = (H + 2 * KV) * D;
@@ -577,14 +556,31 @@ void rope_store_paged(float *qkv, const float *rope, const Seq *seqs, int64_t S,
     }
 }
 
+/* Rotate the q and k heads of qkv [n, (H + 2 KV) * D] in place (adjacent pairs, rope[pos] holds
+   D/2 (cos, sin) pairs) and store k, v rows into the caches [KV, T, D] at start .. start+n-1:
+   `rope_store_paged` for one sequence whose caches are a single block of T positions. */
+void rope_store(float *qkv, const float *rope, int64_t start, int64_t n, int64_t H, int64_t KV,
+                int64_t D, kv_t *k_cache, kv_t *v_cache, int64_t T) {
+    const int32_t block = 0;
+    const Seq seq = {0, n, start, &block};
+    rope_store_paged(qkv, rope, &seq, 1, H, KV, D, k_cache, v_cache, T);
+}
+
 typedef struct {
     int64_t seq, kv, r0, rows, g0;
     int G;
 } AttendTask;
 
-/* Ask for the `bytes` at p (a KV block somewhere in the pool: the hardware cannot guess it)
-   while the current block is worked on. */
-static inline void prefetch_block(const kv_t *p, int64_t bytes) {
+/* Ask for the first `positions` rows (D halves each) of a KV block at p, which can sit
+   anywhere in the pool (the hardware cannot guess it), while the current block is worked on. */
+/* Positions of the block starting at t that rows ending before `end` read: a single-block
+   cache is as long as the whole context, and only what is used is worth prefetching. */
+static inline int64_t used_from(int64_t t, int64_t end, int64_t BS) {
+    return end - t < BS ? end - t : BS;
+}
+
+static inline void prefetch_block(const kv_t *p, int64_t positions, int64_t D) {
+    const int64_t bytes = positions * D * (int64_t)sizeof(kv_t);
     for (int64_t off = 0; off < bytes; off += 64)
         _mm_prefetch((const char *)p + off, _MM_HINT_T1);
 }
@@ -600,11 +596,14 @@ static void attend_paged_task(const float *q, int64_t q_stride, const kv_t *k_po
     const int64_t ss = start + r0 + rows + 8;
     float *s = (float *)malloc((size_t)(rows * G * ss) * sizeof(float));
     float *acc = (float *)calloc((size_t)(rows * G * D), sizeof(float));
-    const int64_t end = start + r0 + rows, block_bytes = BS * D * (int64_t)sizeof(kv_t);
+    const int64_t end = start + r0 + rows;
     for (int64_t t0 = 0; t0 < end; t0 += BS) {
         const kv_t *keys = k_pool + (sq->blocks[t0 / BS] * KV + kv) * BS * D;
-        prefetch_block(t0 + BS < end ? k_pool + (sq->blocks[t0 / BS + 1] * KV + kv) * BS * D
-                                     : v_pool + (sq->blocks[0] * KV + kv) * BS * D, block_bytes);
+        if (t0 + BS < end)
+            prefetch_block(k_pool + (sq->blocks[t0 / BS + 1] * KV + kv) * BS * D,
+                           used_from(t0 + BS, end, BS), D);
+        else  /* the values come next */
+            prefetch_block(v_pool + (sq->blocks[0] * KV + kv) * BS * D, used_from(0, end, BS), D);
         for (int64_t r = 0; r < rows; r++) {
             const int64_t len = start + r0 + r + 1 - t0;
             if (len > 0)
@@ -619,7 +618,8 @@ static void attend_paged_task(const float *q, int64_t q_stride, const kv_t *k_po
     for (int64_t t0 = 0; t0 < end; t0 += BS) {
         const kv_t *vals = v_pool + (sq->blocks[t0 / BS] * KV + kv) * BS * D;
         if (t0 + BS < end)
-            prefetch_block(v_pool + (sq->blocks[t0 / BS + 1] * KV + kv) * BS * D, block_bytes);
+            prefetch_block(v_pool + (sq->blocks[t0 / BS + 1] * KV + kv) * BS * D,
+                           used_from(t0 + BS, end, BS), D);
         for (int64_t r = 0; r < rows; r++) {
             const int64_t len = start + r0 + r + 1 - t0;
             if (len > 0)
