@@ -21,7 +21,7 @@ from .ledger import SpeculationBudget
 from .llm_tools import make_llm_tools
 from .results import BlockRecord, RunResult, RunStats, TurnRecord
 from .speculation import Speculator
-from .tool_calls import traced_call
+from .tool_calls import call_digests, traced_call
 from .trace import Event, Trace
 
 _FENCED = re.compile(r"^```[^\n]*\n.*?(?:^```[ \t]*$|\Z)", re.S | re.M)
@@ -144,7 +144,22 @@ class _Run:
     # -- tools -------------------------------------------------------------------------------
 
     async def call_tool(self, name: str, args: tuple, kwargs: dict, line: int | None = None) -> Any:
-        """The REPL's tool handler for the authoritative run: claim or invoke, trace, count."""
+        """The REPL's tool handler for the authoritative run: claim or invoke, trace, count.
+
+        Every call the program makes ends with a ``program_call`` event (digests of its arguments
+        and outcome, in program order, hits and misses alike), so that runs with and without
+        speculation can be compared call by call."""
+        try:
+            value = await self._serve_call(name, args, kwargs, line)
+        except Exception as exc:
+            self.trace.emit("program_call", **call_digests(self.agent.registry, name, args, kwargs,
+                                                           error=exc))
+            raise
+        self.trace.emit("program_call", **call_digests(self.agent.registry, name, args, kwargs,
+                                                       value=value))
+        return value
+
+    async def _serve_call(self, name: str, args: tuple, kwargs: dict, line: int | None) -> Any:
         turn, block = self._current_block
         if self.spec is not None:
             hit, value = await self.spec.claim(name, args, kwargs, block=block)

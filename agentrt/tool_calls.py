@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -30,3 +31,21 @@ async def traced_call(registry: ToolRegistry, trace: Trace, stats: RunStats, nam
         raise
     trace.emit("tool_finished", call_id=call_id, tool=name, mode=mode, error=None)
     return result
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "backslashreplace")).hexdigest()[:16]
+
+
+def call_digests(registry: ToolRegistry, name: str, args: Sequence[Any],
+                 kwargs: Mapping[str, Any], *, value: Any = None,
+                 error: BaseException | None = None) -> dict[str, Any]:
+    """Fields of a ``program_call`` event: the tool, digests of its arguments (the tool's
+    canonical call key where it has one) and of its result, or the error it raised."""
+    try:
+        key = registry.get(name).call_key(args, kwargs)
+    except Exception:
+        key = repr((name, tuple(args), dict(kwargs)))
+    return {"tool": name, "args": _digest(key),
+            "result": None if error is not None else _digest(repr(value)),
+            "error": None if error is None else f"{type(error).__name__}: {error}"}

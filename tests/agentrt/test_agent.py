@@ -243,3 +243,22 @@ def test_cli_models_list():
     )
     assert out.returncode == 0, out.stderr
     assert "smollm2-135m" in out.stdout and " ok " in out.stdout
+
+
+def test_program_calls_are_recorded_in_program_order_with_and_without_speculation():
+    """``program_call`` events: one per call the program made, hits included, same either way."""
+    code = ("a = [double(x) for x in context]\n"
+            "try:\n    fragile(-1)\nexcept ValueError:\n    pass\n"
+            "b = double(a[-1])\nFINAL(b)")
+    runs = {}
+    for speculation in (False, True):
+        agent = make_agent([block(code)], speculation=speculation)
+        agent.engine.tokens_per_second = 200.0
+        result = agent.run_sync("go", context=[1, 2, 3])
+        assert result.answer == 12 and (result.stats.hits > 0) == speculation
+        runs[speculation] = [(e.data["tool"], e.data["args"], e.data["result"], e.data["error"])
+                             for e in result.trace.of("program_call")]
+    assert runs[True] == runs[False]
+    assert [c[0] for c in runs[False]] == ["double"] * 3 + ["fragile", "double"]
+    assert runs[False][3][2] is None and "negative: -1" in runs[False][3][3]
+    assert len({c[1] for c in runs[False]}) == 5  # different arguments, different digests
