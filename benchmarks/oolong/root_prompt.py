@@ -5,20 +5,24 @@ The system prompt is adapted from the default prompt of the public RLM implement
 sub-model's answers in code, ``FINAL``), shortened for a small model. It says nothing about
 speculation: it asks for the programs any RLM agent would write.
 
-Few-shot: two earlier exchanges on other, small contexts: questions of the same type with other
-parameters, answered by reference programs (`programs.reference_code`) in two call shapes. With
-one example SmolLM2-135M copied the chunking but not the aggregation; with two it writes both.
+Few-shot (``--few-shot K``, for live roots): K earlier exchanges about other, small contexts,
+each a question of *another type* than the task's, answered by a one-turn reference program in
+the *other call shape*; `check_no_leak` refuses any example that shows a task's question or one
+of its reference programs. Zero-shot (the RLM-style prompt alone) is the default for served
+roots.
 """
 
 from __future__ import annotations
 
 import random
+import re
+from collections.abc import Sequence
 
 from agentrt.engine.base import Message
 
 from .generate import QUESTION_TYPES, make_question, make_rows
-from .programs import SHAPES, reference_code
 from .tasks import Task
+from .trajectories import SHAPE, STYLES, trajectory
 
 SYSTEM_PROMPT = """\
 You answer a query about a large context. The context is not in this conversation: it is loaded \
@@ -43,19 +47,26 @@ answer form the query asks for.
 """
 
 
-def example_task(task: Task, seed: int = 7) -> Task:
-    """A question of ``task``'s type (question types the generator does not know: the most
-    common label) about another, small context, for the few-shot turn."""
-    kind = task.task if task.task in QUESTION_TYPES else "most_common_label"
-    rng = random.Random(f"{seed}-{kind}-{task.id}")
-    for _ in range(50):
-        rows = make_rows(random.Random(rng.random()), 1024)
-        made = make_question(random.Random(rng.random()), kind, rows)
-        if made is not None:
-            question, answer = made
-            return Task(id="example", context="", question=question, answer=answer,
-                        answer_type=QUESTION_TYPES[kind][1], task=kind, rows=rows)
-    raise RuntimeError(f"could not make an example question of type {kind!r}")
+def example_tasks(task: Task, count: int, seed: int = 7) -> list[Task]:
+    """``count`` questions of *other* types than ``task``'s, each about another small generated
+    context (never the task's own question type, so an example never holds its program)."""
+    others = [k for k in QUESTION_TYPES if k != task.task]
+    rng = random.Random(f"{seed}-{task.task}")
+    rng.shuffle(others)
+    examples: list[Task] = []
+    for kind in others:
+        if len(examples) == count:
+            break
+        for attempt in range(50):
+            r = random.Random(f"{seed}-{kind}-{attempt}")
+            rows = make_rows(r, 1024)
+            made = make_question(r, kind, rows)
+            if made is not None:
+                examples.append(Task(id=f"example-{kind}", context="", question=made[0],
+                                     answer=made[1], answer_type=QUESTION_TYPES[kind][1],
+                                     task=kind, rows=rows))
+                break
+    return examples
 
 
 def task_message(question: str) -> str:
@@ -63,16 +74,42 @@ def task_message(question: str) -> str:
     return f"Write a ```repl code block that answers this query about `context`.\nQuery: {question}"
 
 
-def few_shot(task: Task, shape: str) -> list[Message]:
-    """Two worked exchanges of the same question type (other contexts, other parameters); the
-    last one's program uses call shape ``shape``, the first one the next shape in turn."""
-    other = SHAPES[(SHAPES.index(shape) + 1) % len(SHAPES)]
+def example_style(style: str) -> str:
+    """The one-turn style of the few-shot programs: the other call shape than ``style``'s."""
+    return "small-batched" if SHAPE[style] == "loop" else "small"
+
+
+def few_shot(task: Task, style: str, count: int) -> list[Message]:
+    """``count`` worked exchanges: other question types than the task's, answered by one-turn
+    reference programs in the other call shape than ``style``'s."""
     messages: list[Message] = []
-    for k, example_shape in enumerate((other, shape)):
-        example = example_task(task, seed=7 + k)
-        messages += [
-            {"role": "user", "content": task_message(example.question)},
-            {"role": "assistant",
-             "content": f"```repl\n{reference_code(example, example_shape)}```\n"},
-        ]
+    for example in example_tasks(task, count):
+        (reply,) = trajectory(example, example_style(style))
+        messages += [{"role": "user", "content": task_message(example.question)},
+                     {"role": "assistant", "content": reply}]
     return messages
+
+
+class LeakError(ValueError):
+    """A few-shot example would show the model a task's question or its answer program."""
+
+
+def check_no_leak(tasks: Sequence[Task], examples: dict[str, list[Message]]) -> None:
+    """Refuse a task's few-shot turns when one asks the task's own question or shows one of its
+    reference programs (any style); the message names the task and the example."""
+    for t in tasks:
+        programs = {_code(turn): style for style in STYLES for turn in trajectory(t, style)}
+        for m in examples.get(t.id, []):
+            if m["role"] == "user" and m["content"] == task_message(t.question):
+                raise LeakError(f"a few-shot example of task {t.id} asks its own question: "
+                                f"{t.question[:120]!r}")
+            if m["role"] == "assistant" and _code(m["content"]) in programs:
+                raise LeakError(f"a few-shot example of task {t.id} holds its reference program "
+                                f"({programs[_code(m['content'])]} style): "
+                                f"{m['content'][:120]!r}")
+
+
+def _code(reply: str) -> str:
+    """The code of a reply's ```repl blocks (prose ignored), whitespace-normalised."""
+    blocks = re.findall(r"```repl\n(.*?)```", reply, re.S)
+    return "\n".join(line.rstrip() for b in blocks for line in b.strip().splitlines())
