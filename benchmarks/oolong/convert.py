@@ -125,6 +125,9 @@ def _columns_to_rows(columns: dict) -> list[dict]:
 def read_rows(path: Path) -> tuple[int | None, Iterator[Located]]:
     """(number of rows when known, the rows with their location)."""
     suffix = path.suffix.lower()
+    if suffix not in (".parquet", ".jsonl", ".json"):
+        raise ConvertError(f"{path}: unknown input type {suffix or '(none)'!r}; use .jsonl, .json "
+                           "or .parquet")
     if suffix == ".parquet":
         try:
             import pyarrow.parquet as pq
@@ -159,9 +162,6 @@ def read_rows(path: Path) -> tuple[int | None, Iterator[Located]]:
                     raise ConvertError(f"{path}, line {n}: not valid JSON ({exc.msg})") from None
 
         return text.count("\n") + 1, lines()
-    if suffix != ".json":
-        raise ConvertError(f"{path}: unknown input type {suffix or '(none)'!r}; use .jsonl, .json "
-                           "or .parquet")
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:

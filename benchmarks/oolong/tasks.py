@@ -74,8 +74,9 @@ class Task:
 def _labels(value: Any) -> list[str]:
     if not isinstance(value, list) or not all(isinstance(x, str) and x.strip() for x in value):
         raise ValueError("must be a list of non-empty strings")
-    if len(set(value)) != len(value):
-        raise ValueError(f"repeats a label: {sorted(x for x in value if value.count(x) > 1)[0]!r}")
+    repeated = [x for i, x in enumerate(value) if x in value[:i]]
+    if repeated:
+        raise ValueError(f"repeats a label: {repeated[0]!r}")
     return list(value)
 
 
