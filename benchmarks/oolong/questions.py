@@ -38,6 +38,10 @@ months_label_most_common    For how many months is the label 'A' the single most
                             occuring label? ...
 ==========================  ================================================================
 
+Groups (`QuestionSpec.group`, as OOLONG-synth's ``task_group``): ``counting`` (the four
+label kinds over all rows), ``user`` (the user kinds, and label kinds over a user subset),
+``timeline`` (the date and month kinds, and label kinds over a month or a date range).
+
 Scopes: a question starts with ``In the above data,`` (scope ``all``) or with a prefix that
 restricts it to a subset of the rows: ``... instances that are associated with user IDs U, V.
 Among instances associated with these users,`` or ``... subset of users with IDs U, V. Among
@@ -100,12 +104,9 @@ ANSWER_TYPE_OF = {
 """The answer type (OOLONG's spelling) of each kind."""
 
 SCOPES = ("all", "users", "month", "range")
-SCOPES_OF = {
-    **{k: SCOPES for k in ("most_common_label", "least_common_label", "label_vs_label",
-                           "label_count")},
-    **{k: ("all", "users") for k in ("most_common_user", "second_most_common_user",
-                                     "user_most_label")},
-}
+_COUNTING_KINDS = ("most_common_label", "least_common_label", "label_vs_label", "label_count")
+_USER_KINDS = ("most_common_user", "second_most_common_user", "user_most_label")
+SCOPES_OF = {**{k: SCOPES for k in _COUNTING_KINDS}, **{k: ("all", "users") for k in _USER_KINDS}}
 """The scopes OOLONG-synth asks each kind in (kinds not listed: ``all`` only)."""
 
 MONTH_NAMES = ("January", "February", "March", "April", "May", "June", "July", "August",
@@ -147,6 +148,15 @@ class QuestionSpec:
     def month_abbr(self) -> str | None:
         """Scope ``month`` as the context's dates write it (``"Jun"``)."""
         return MONTH_ABBR[self.month - 1] if self.month else None
+
+    @property
+    def group(self) -> str:
+        """OOLONG-synth's task group: ``counting``, ``user`` or ``timeline``."""
+        if self.kind in _USER_KINDS or self.kind == "user_vs_user_label" or self.scope == "users":
+            return "user"
+        if self.kind in _COUNTING_KINDS and self.scope == "all":
+            return "counting"
+        return "timeline"
 
     def in_scope(self, date: dt.date, user: str) -> bool:
         """Whether a row dated ``date`` by ``user`` belongs to the question's scope."""
@@ -242,7 +252,6 @@ _BODY = {
                                  "'{a}' is the most common label."),
 }
 _NO_PREFIX = ("first_month_a_beats_b", "months_a_beats_b", "months_label_most_common")
-_USER_KINDS = ("most_common_user", "second_most_common_user", "user_most_label")
 
 
 def render_question(spec: QuestionSpec) -> str:

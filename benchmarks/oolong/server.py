@@ -146,7 +146,6 @@ class Step:
     """Requests that got a token this step (the first token ends a prefill)."""
     done: list[int] = field(default_factory=list)
     """Requests finished by this step."""
-    decoding: int = 0
     prefill_tokens: int = 0
 
 
@@ -169,10 +168,6 @@ class EngineSim:
     def busy(self) -> bool:
         return bool(self.waiting or self.running)
 
-    @property
-    def decoding(self) -> int:
-        return sum(r.decoding for r in self.running)
-
     def submit(self, rid: int, prompt_tokens: int, output_tokens: int) -> None:
         self.waiting.append(_Request(rid, max(1, prompt_tokens), max(0, output_tokens)))
 
@@ -187,7 +182,7 @@ class EngineSim:
             self.running.append(self.waiting.popleft())
         decoders = [r for r in self.running if r.decoding]
         self.peak_decoding = max(self.peak_decoding, len(decoders))
-        step = Step(0.0, decoding=len(decoders))
+        step = Step(0.0)
         budget = lat.prefill_chunk_tokens - len(decoders)
         for r in self.running:
             if budget <= 0:

@@ -111,8 +111,6 @@ def parse_task(obj: Any) -> Task:
     if obj["answer_type"] not in TASK_ANSWER_TYPES:
         raise _FieldError("answer_type", f"must be one of {', '.join(TASK_ANSWER_TYPES)}; "
                                          f"got {obj['answer_type']!r}")
-    if isinstance(obj["answer"], bool) or not isinstance(obj["answer"], (str, int, float, list)):
-        raise _FieldError("answer", "must be a string, a number or a list of them")
     try:
         answer = normalize_answer(obj["answer"])
     except ValueError as exc:

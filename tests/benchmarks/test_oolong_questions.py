@@ -72,7 +72,7 @@ def test_fixture_rows_in_the_published_format_parse_and_solve_to_their_stored_an
             continue
         labels = ("ham", "spam") if row["dataset"] == "spam" else LABELS
         spec = parse_question(row["question"], labels)
-        assert spec.answer_type == row["answer_type"]
+        assert spec.answer_type == row["answer_type"] and spec.group == row["task_group"]
         rows = recover_rows(row["context_window_text_with_labels"], row["context_window_text"], "x")
         got = solve(spec, rows)
         if "', '" in row["answer"]:        # a tie stored in full: no single answer
