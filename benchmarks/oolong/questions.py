@@ -320,7 +320,7 @@ _PATTERNS = {
 }
 _COMPILED = {k: re.compile(p, re.I) for k, p in _PATTERNS.items()}
 _FORM = re.compile(r"\s*Give your final answer\b", re.I)
-_CHOICES = re.compile(r"one of the labels:\s*(?P<choices>.+?)\.?\s*$", re.I)
+_CHOICES = re.compile(r"one of the labels:\s*(?P<choices>[^.]+)", re.I)
 
 
 def _unknown(question: str, why: str = "") -> UnknownQuestionError:

@@ -181,3 +181,9 @@ def test_a_label_outside_the_label_set_is_an_error():
                                                    "set")):
         parse_question(question, LABELS)
     assert parse_question(question).labels == ("robot",)      # no label set given: taken as is
+
+
+@pytest.mark.parametrize("question, labels, expected", PUBLISHED)
+def test_text_after_the_answer_form_is_ignored(question, labels, expected):
+    tail = "\n\nPut your final answer inside \\boxed{}."
+    assert parse_question(question + tail, labels) == parse_question(question, labels)
