@@ -2,33 +2,38 @@
 
 One JSON object per line:
 
-- ``id`` (str), ``context`` (str), ``question`` (str), ``answer`` (str or number; OOLONG's
-  list form ``"['human being']"`` is accepted and unwrapped), ``answer_type`` (one of
-  `ANSWER_TYPES`, OOLONG's spelling: ``ANSWER_TYPE.LABEL`` ...);
-- optional ``task`` (the question type), ``context_tokens`` (int), and ``rows``:
-  ``[[date, user, instance, label], ...]`` in context order — the ground truth the simulated
-  sub-model answers from; never shown to the root model.
+- ``id`` (str or int), ``context`` (str), ``question`` (str);
+- ``answer``: a string or a number; OOLONG's stored forms are accepted and unwrapped
+  (``"['human being']"`` -> ``human being``, ``"[3]"`` -> ``3``,
+  ``"[datetime.date(2023, 5, 1)]"`` -> ``2023-05-01``; of a list, the first item, as OOLONG
+  scores);
+- ``answer_type``: one of OOLONG-synth's `ANSWER_TYPES` (``ANSWER_TYPE.LABEL``, ``.NUMERIC``,
+  ``.COMPARISON``, ``.USER``, ``.DATE``, ``.MONTH_YEAR``) or `REAL_ANSWER_TYPE` (an OOLONG-real
+  task, scored by OOLONG-real's rules);
+- optional ``task`` (the question kind, `benchmarks.oolong.questions.QUESTION_KINDS`, or a
+  dataset's own task name), ``context_tokens`` (int; default: characters / 4);
+- optional ``labels``: the task's label set, a list of distinct non-empty strings. Absent: the
+  six TREC-coarse labels (task files written before the field existed). ``[]``: no label set
+  (an OOLONG-real task);
+- optional ``rows``: ``[[date, user, instance, label], ...]`` in context order, every label in
+  ``labels`` — the ground truth the simulated sub-model answers from; never shown to the root
+  model. A task without rows needs a real sub-model.
 
 A malformed line raises `TaskFileError` naming the file, the line and the field.
 """
 
 from __future__ import annotations
 
-import ast
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ANSWER_TYPES = (
-    "ANSWER_TYPE.LABEL",
-    "ANSWER_TYPE.NUMERIC",
-    "ANSWER_TYPE.COMPARISON",
-    "ANSWER_TYPE.USER",
-    "ANSWER_TYPE.DATE",
-    "ANSWER_TYPE.MONTH_YEAR",
-)
+from .scoring import ANSWER_TYPES, REAL_ANSWER_TYPE, normalize_answer
+from .words import LABELS as TREC_COARSE_LABELS
+
+TASK_ANSWER_TYPES = (*ANSWER_TYPES, REAL_ANSWER_TYPE)
 
 Row = tuple[str, str, str, str]
 """(date, user, instance, label)"""
@@ -48,6 +53,8 @@ class Task:
     task: str = ""
     context_tokens: int = 0
     rows: list[Row] = field(default_factory=list)
+    labels: list[str] = field(default_factory=lambda: list(TREC_COARSE_LABELS))
+    """The task's label set (the categories a row can have)."""
 
     def to_json(self) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -58,26 +65,22 @@ class Task:
             d["task"] = self.task
         if self.context_tokens:
             d["context_tokens"] = self.context_tokens
+        d["labels"] = list(self.labels)
         if self.rows:
             d["rows"] = [list(r) for r in self.rows]
         return d
 
 
-def _answer(value: Any) -> str:
-    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-        raise ValueError("must be a string or a number")
-    text = str(value).strip()
-    if text.startswith("[") and text.endswith("]"):
-        try:
-            items = ast.literal_eval(text)
-        except (ValueError, SyntaxError):
-            return text
-        if isinstance(items, list) and len(items) == 1:
-            return str(items[0])
-    return text
+def _labels(value: Any) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(x, str) and x.strip() for x in value):
+        raise ValueError("must be a list of non-empty strings")
+    repeated = [x for i, x in enumerate(value) if x in value[:i]]
+    if repeated:
+        raise ValueError(f"repeats a label: {repeated[0]!r}")
+    return list(value)
 
 
-def _rows(value: Any) -> list[Row]:
+def _rows(value: Any, labels: Sequence[str]) -> list[Row]:
     if not isinstance(value, list):
         raise ValueError("must be a list of [date, user, instance, label]")
     rows = []
@@ -86,6 +89,9 @@ def _rows(value: Any) -> list[Row]:
             raise ValueError(f"row {i} must be a list [date, user, instance, label]")
         if not all(isinstance(x, (str, int)) and not isinstance(x, bool) for x in row):
             raise ValueError(f"row {i} must hold strings (or a number for the user)")
+        if row[3] not in labels:
+            raise ValueError(f"row {i} has label {row[3]!r}, not in field 'labels' "
+                             f"({', '.join(labels) or 'empty'})")
         rows.append(tuple(str(x) for x in row))
     return rows
 
@@ -102,11 +108,11 @@ def parse_task(obj: Any) -> Task:
             raise _FieldError(name, "must be a non-empty string")
     if isinstance(obj["id"], bool) or not isinstance(obj["id"], (str, int)) or str(obj["id"]) == "":
         raise _FieldError("id", "must be a non-empty string or an integer")
-    if obj["answer_type"] not in ANSWER_TYPES:
-        raise _FieldError("answer_type", f"must be one of {', '.join(ANSWER_TYPES)}; "
+    if obj["answer_type"] not in TASK_ANSWER_TYPES:
+        raise _FieldError("answer_type", f"must be one of {', '.join(TASK_ANSWER_TYPES)}; "
                                          f"got {obj['answer_type']!r}")
     try:
-        answer = _answer(obj["answer"])
+        answer = normalize_answer(obj["answer"])
     except ValueError as exc:
         raise _FieldError("answer", str(exc)) from None
     task = obj.get("task", "")
@@ -116,13 +122,17 @@ def parse_task(obj: Any) -> Task:
     if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
         raise _FieldError("context_tokens", "must be a non-negative integer")
     try:
-        rows = _rows(obj.get("rows", []))
+        labels = _labels(obj.get("labels", list(TREC_COARSE_LABELS)))
+    except ValueError as exc:
+        raise _FieldError("labels", str(exc)) from None
+    try:
+        rows = _rows(obj.get("rows", []), labels)
     except ValueError as exc:
         raise _FieldError("rows", str(exc)) from None
     return Task(
         id=str(obj["id"]), context=obj["context"], question=obj["question"], answer=answer,
         answer_type=obj["answer_type"], task=task,
-        context_tokens=tokens or len(obj["context"]) // 4, rows=rows,
+        context_tokens=tokens or len(obj["context"]) // 4, rows=rows, labels=labels,
     )
 
 

@@ -1,11 +1,19 @@
-"""Question templates and word lists for the generated instances, one set per TREC-coarse label.
+"""Instance templates and word lists for the generated tasks, per dataset and label.
 
-Every label has templates that open with the same few words ("What", "Which", "How", "Name",
-"In"), so the first word of an instance does not give its label away: the label follows from
-what is asked (an expansion, a thing, an explanation, a person, a place, a number).
+``trec_coarse``: general-knowledge questions, one template set per TREC-coarse label. Every label
+has templates that open with the same few words ("What", "Which", "How", "Name", "In"), so the
+first word of an instance does not give its label away: the label follows from what is asked
+(an expansion, a thing, an explanation, a person, a place, a number).
+
+``app_reviews``: short reviews of apps, ``positive`` or ``negative``; both open the same ways.
+
+`DATASETS` holds each dataset's label set, templates and the sentence OOLONG-synth's context
+header uses to describe its lines.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 LABELS = (
     "abbreviation",
@@ -111,3 +119,55 @@ WORDS: dict[str, tuple[str, ...]] = {
 }
 
 ABBR_LETTERS = "ABCDEFGHIJKLMNOPRSTUVW"
+
+REVIEW_LABELS = ("negative", "positive")
+
+REVIEW_TEMPLATES: dict[str, tuple[str, ...]] = {
+    "positive": (
+        "The {app} app makes {task} so easy , I use it every day .",
+        "After the update the {feature} works perfectly and loads fast .",
+        "Great app for {task} , the {feature} is exactly what I needed .",
+        "I was sceptical but the {app} app saved me hours of {task} .",
+        "Love the clean design and the {feature} , five stars .",
+        "Works offline , never crashes , and {task} takes seconds now .",
+    ),
+    "negative": (
+        "The {app} app crashes every time I try {task} .",
+        "After the update the {feature} stopped working and nobody answers .",
+        "Terrible app for {task} , the {feature} is full of ads .",
+        "I was hopeful but the {app} app lost all my data during {task} .",
+        "Hate the cluttered design and the {feature} , one star .",
+        "Drains the battery , freezes often , and {task} takes forever now .",
+    ),
+}
+
+WORDS["app"] = ("Ledgerly", "TrailMate", "Pocketbook", "Noteforge", "Brightcal", "Parcelo",
+                "Sleepwise", "Cookbox", "Stepcount", "Photobin", "Busline", "Quizzle")
+WORDS["task"] = ("budgeting", "planning trips", "taking notes", "tracking sleep", "cooking",
+                 "sharing photos", "paying bills", "learning words", "booking rides",
+                 "counting steps")
+WORDS["feature"] = ("search bar", "dark mode", "calendar sync", "photo editor", "widget",
+                    "export button", "reminder", "login screen", "offline mode", "chat")
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """What the generator needs to write one kind of context window."""
+
+    labels: tuple[str, ...]
+    templates: dict[str, tuple[str, ...]]
+    lines: str
+    """What the context header says its lines are (OOLONG-synth's wording for the dataset);
+    ``{k}`` and ``{labels}`` are filled in."""
+
+
+DATASETS: dict[str, Dataset] = {
+    "trec_coarse": Dataset(
+        LABELS, TEMPLATES,
+        "general-knowledge questions, one per line. Each question has an answer that can be "
+        "described as one of {k} categories: {labels}."),
+    "app_reviews": Dataset(
+        REVIEW_LABELS, REVIEW_TEMPLATES,
+        "reviews of software applications, one per line. Each review can be classified as "
+        "positive or negative; there are no neutral reviews."),
+}
