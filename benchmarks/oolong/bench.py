@@ -36,7 +36,7 @@ from agentrt.llm_tools import make_llm_tools
 from .generate import generate, parse_sizes
 from .root_prompt import LeakError, check_no_leak, few_shot
 from .runs import ROOT_KINDS, SCRIPTED, Root, Setting, SubModel, isolate, run_one
-from .server import add_latency_arguments, latency_from_args
+from .server import add_latency_arguments, check_simulatable, latency_cli_args, latency_from_args
 from .summary import any_speedup, markdown, size_label, summarise
 from .tasks import Task, TaskFileError, load_tasks, save_tasks
 from .trajectories import STYLES, trajectory
@@ -150,7 +150,7 @@ class SimulatedProcess:
 
         cmd = [sys.executable, "-m", "benchmarks.oolong.server", "--tasks", str(tasks_file),
                "--port", "0", "--error-rate", str(args.error_rate), "--seed", str(args.seed),
-               *latency_argv(args)]
+               *latency_cli_args(args)]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True, cwd=Path(__file__).resolve().parents[2])
         line = self.proc.stdout.readline() if self.proc.stdout else ""
@@ -170,18 +170,6 @@ class SimulatedProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-
-
-def latency_argv(args) -> list[str]:
-    """The latency options, passed on to the simulated server's command line."""
-    parser = argparse.ArgumentParser(add_help=False)
-    add_latency_arguments(parser)
-    out = []
-    for action in parser._actions:
-        value = getattr(args, action.dest, None)
-        if value is not None and action.option_strings:
-            out += [action.option_strings[0], str(value)]
-    return out
 
 
 def build_root(args, tasks: list[Task], styles: dict[str, str]) -> Root:
@@ -357,9 +345,7 @@ def _sub_model(args, tasks: list[Task], tasks_file: Path):
 
         return SubModel("native", engine=NativeEngine(model=args.model, dtype=args.dtype,
                                                       speculation=None, seed=0)), None
-    missing = [t.id for t in tasks if not t.rows]
-    if missing:  # TEMPORARY until server.check_simulatable lands
-        raise BenchError(f"no rows: {missing}; use --sub-base-url")
+    check_simulatable(tasks)
     server = SimulatedProcess(tasks_file, args)
     check_url(server.url)
     return SubModel("simulated", server.url), server

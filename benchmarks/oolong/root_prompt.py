@@ -60,11 +60,11 @@ def example_tasks(task: Task, count: int, seed: int = 7) -> list[Task]:
         for attempt in range(50):
             r = random.Random(f"{seed}-{kind}-{attempt}")
             rows = make_rows(r, 1024)
-            made = make_question(r, kind, rows)
+            made = make_question(r, kind, rows, task.labels)
             if made is not None:
                 examples.append(Task(id=f"example-{kind}", context="", question=made[0],
-                                     answer=made[1], answer_type=QUESTION_TYPES[kind][1],
-                                     task=kind, rows=rows))
+                                     answer=made[1], answer_type=QUESTION_TYPES[kind],
+                                     task=kind, rows=rows, labels=list(task.labels)))
                 break
     return examples
 

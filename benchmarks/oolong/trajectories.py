@@ -20,6 +20,8 @@ files alike; an unknown question raises `UnknownQuestionError` naming the known 
 
 from __future__ import annotations
 
+import datetime as dt
+import json
 import re
 from collections.abc import Sequence
 
@@ -37,9 +39,10 @@ BATCH_WIDTH = 20
 
 
 def _ask(labels: Sequence[str]) -> str:
-    return ("Label each line below with exactly one of these categories: "
-            + ", ".join(labels)
-            + ". Reply with one category per line, in the same order, and nothing else.\\n\\n")
+    """The sub-model instruction, as the body of a Python string literal."""
+    text = ("Label each line below with exactly one of these categories: " + ", ".join(labels)
+            + ". Reply with one category per line, in the same order, and nothing else.\n\n")
+    return json.dumps(text, ensure_ascii=False)[1:-1]
 
 
 # ------------------------------------------------------------------------------ turns
@@ -90,7 +93,7 @@ for prompt in prompts:
 _COLLECT = '''\
 labels = []
 for chunk, answer in zip(chunks, answers):
-    got = [a.strip().lower() for a in answer.strip().split("\\n") if a.strip()]
+    got = [a.strip() for a in answer.strip().split("\\n") if a.strip()]
     labels += got[:len(chunk)] + ["unknown"] * (len(chunk) - len(got))
 counts = {{}}
 for label in labels:
@@ -99,10 +102,15 @@ print(len(labels), "labels; counts:", counts)
 '''
 
 _ROWS = '''\
+import datetime
+names = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"]
+def day(text):
+    month, d, year = text.replace(",", "").split()
+    return datetime.date(int(year), names.index(month[:3]) + 1, int(d))
 rows = []
 for line, label in zip(records, labels):
     date, user, _ = line.split(" || ", 2)
-    rows.append((date[len("Date: "):].strip(), user[len("User: "):].strip(), label))
+    rows.append((day(date[len("Date: "):]), user[len("User: "):].strip(), label))
 '''
 
 _SMALL_HEAD = '''\
@@ -111,7 +119,7 @@ ask = "{ask}"
 labels = []
 for i in range(0, len(records), {chunk}):
     reply = llm_query(ask + "\\n".join(records[i:i + {chunk}]))
-    labels += [a.strip().lower() for a in reply.strip().split("\\n") if a.strip()]
+    labels += [a.strip() for a in reply.strip().split("\\n") if a.strip()]
 '''
 
 _SMALL_BATCHED_HEAD = '''\
@@ -119,91 +127,124 @@ records = [l for l in context.split("\\n") if l.startswith("Date:")]
 ask = "{ask}"
 prompts = [ask + "\\n".join(records[i:i + {chunk}]) for i in range(0, len(records), {chunk})]
 replies = llm_query_batched(prompts)
-labels = [a.strip().lower() for r in replies for a in r.strip().split("\\n") if a.strip()]
+labels = [a.strip() for r in replies for a in r.strip().split("\\n") if a.strip()]
 '''
 
-_DAY = '''\
-import datetime
-names = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"]
-def day(text):
-    month, d, year = text.replace(",", "").split()
-    return datetime.date(int(year), names.index(month[:3]) + 1, int(d))
-'''
+_MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August",
+           "September", "October", "November", "December")
 
 
-def _month_counts(a: str, b: str) -> str:
-    return _DAY + (
-        "per_month = {}\n"
-        "for date, user, label in rows:\n"
-        "    d = day(date)\n"
-        "    key = (d.year, d.month)\n"
-        "    x, y = per_month.get(key, (0, 0))\n"
-        f'    per_month[key] = (x + (label == "{a}"), y + (label == "{b}"))\n'
-    )
+def _s(value: str) -> str:
+    """A Python string literal."""
+    return json.dumps(value, ensure_ascii=False)
 
 
-def aggregate(spec: QuestionSpec) -> str:
-    """Python that computes ``answer`` (the final answer string, in the question's form) from
-    ``labels`` and ``rows`` (``(date, user, label)`` per line)."""
-    k, labels = spec.kind, list(spec.labels)
+def _date(d: dt.date) -> str:
+    return f"datetime.date({d.year}, {d.month}, {d.day})"
+
+
+def _scope(spec: QuestionSpec) -> str:
+    """Code that keeps the rows in the question's scope as ``scoped`` (and their labels as
+    ``scoped_labels``)."""
+    if spec.scope == "all":
+        cond = ""
+    elif spec.scope == "users":
+        cond = f" if u in {list(spec.users)!r}"
+    elif spec.scope == "month":
+        cond = f" if d.month == {spec.month}"
+    else:
+        lo, hi = spec.date_range
+        cond = f" if {_date(lo)} <= d <= {_date(hi)}"
+    if not _needs_rows(spec):
+        return "scoped_labels = labels\n"
+    return (f"scoped = [(d, u, l) for d, u, l in rows{cond}]\n"
+            "scoped_labels = [l for d, u, l in scoped]\n")
+
+
+def _ranked(key: str, where: str = "") -> str:
+    return ("counts = {}\n"
+            f"for d, u, l in scoped:\n"
+            + (f"    if {where}:\n    " if where else "")
+            + f"    counts[{key}] = counts.get({key}, 0) + 1\n"
+            f"ranked = sorted(counts, key=counts.get, reverse=True)\n")
+
+
+def _per_month() -> str:
+    return ("per_month = {}\n"
+            "for d, u, l in scoped:\n"
+            "    month = per_month.get((d.year, d.month)) or {}\n"
+            "    month[l] = month.get(l, 0) + 1\n"
+            "    per_month[(d.year, d.month)] = month\n")
+
+
+def aggregate(spec: QuestionSpec, label_set: Sequence[str]) -> str:
+    """Python that computes ``answer`` (the final answer, in the form the question asks for)
+    from ``labels`` (one per record) and ``rows`` (``(date, user, label)``)."""
+    k = spec.kind
+    a = _s(spec.labels[0]) if spec.labels else None
+    b = _s(spec.labels[1]) if len(spec.labels) > 1 else None
+    code = _scope(spec)
     if k in ("most_common_label", "least_common_label"):
         pick = "max" if k == "most_common_label" else "min"
-        return ("counts = {c: 0 for c in %r}\n" % (list(spec.label_set),)
-                + "for label in labels:\n"
-                "    if label in counts:\n"
-                "        counts[label] = counts[label] + 1\n"
-                f'answer = "Label: " + {pick}(counts, key=counts.get)\n')
+        choices = list(spec.labels or label_set)
+        return code + (f"counts = {{c: 0 for c in {choices!r}}}\n"
+                       "for label in scoped_labels:\n"
+                       "    if label in counts:\n"
+                       "        counts[label] = counts[label] + 1\n"
+                       f'answer = "Label: " + {pick}(counts, key=counts.get)\n')
     if k == "label_vs_label":
-        a, b = labels[:2]
-        return (f'a = labels.count("{a}")\n'
-                f'b = labels.count("{b}")\n'
-                'relation = "more common than" if a > b else "less common than" if a < b '
-                'else "same frequency as"\n'
-                f'answer = "Answer: {a} is " + relation + " {b}"\n')
+        return code + (f"x, y = scoped_labels.count({a}), scoped_labels.count({b})\n"
+                       'relation = "more common than" if x > y else "less common than" if x < y '
+                       'else "same frequency as"\n'
+                       f'answer = "Answer: " + {a} + " is " + relation + " " + {b}\n')
     if k == "label_count":
-        return f'answer = "Answer: " + str(labels.count("{labels[0]}"))\n'
-    if k in ("most_active_user", "user_most_label"):
-        count = "    counts[user] = counts.get(user, 0) + 1\n"
-        if k == "user_most_label":
-            count = f'    if label == "{labels[0]}":\n    ' + count
-        return ("counts = {}\n"
-                "for date, user, label in rows:\n" + count
-                + 'answer = "User: " + max(counts, key=counts.get)\n')
-    if k == "label_count_in_users":
-        users = ", ".join(f'"{u}"' for u in spec.users)
-        return (f"users = [{users}]\n"
-                f'count = sum(1 for d, u, l in rows if l == "{labels[0]}" and u in users)\n'
-                'answer = "Answer: " + str(count)\n')
-    if k == "most_common_date":
-        return ("counts = {}\n"
-                "for date, user, label in rows:\n"
-                "    counts[date] = counts.get(date, 0) + 1\n"
-                'answer = "Date: " + max(counts, key=counts.get)\n')
-    if k == "label_count_in_month":
-        year, month = spec.month
-        return (_DAY + f'count = sum(1 for d, u, l in rows if l == "{labels[0]}" '
-                f"and (day(d).year, day(d).month) == ({year}, {month}))\n"
-                'answer = "Answer: " + str(count)\n')
-    if k == "label_count_in_range":
-        lo, hi = spec.date_range
-        return (_DAY + f'lo, hi = day("{lo}"), day("{hi}")\n'
-                f'count = sum(1 for d, u, l in rows if l == "{labels[0]}" '
-                "and lo <= day(d) <= hi)\n"
-                'answer = "Answer: " + str(count)\n')
-    if k == "months_a_beats_b":
-        return (_month_counts(*labels[:2])
-                + "count = sum(1 for x, y in per_month.values() if x > y)\n"
-                'answer = "Answer: " + str(count)\n')
+        return code + f'answer = "Answer: " + str(scoped_labels.count({a}))\n'
+    if k in ("most_common_user", "second_most_common_user", "user_most_label"):
+        where = f"l == {a}" if k == "user_most_label" else ""
+        rank = 1 if k.startswith("second") else 0
+        return code + _ranked("u", where) + f'answer = "User: " + ranked[{rank}]\n'
+    if k == "user_vs_user_label":
+        u, v = spec.users
+        return code + (f"x = sum(1 for d, u, l in scoped if u == {_s(u)} and l == {a})\n"
+                       f"y = sum(1 for d, u, l in scoped if u == {_s(v)} and l == {a})\n"
+                       f'answer = "User: " + ({_s(u)} if x > y else {_s(v)})\n')
+    if k in ("most_common_date", "second_most_common_date"):
+        rank = 1 if k.startswith("second") else 0
+        return code + _ranked("d") + (
+            f"best = ranked[{rank}]\n"
+            'answer = f"Date: {best.month:02d}/{best.day:02d}/{best.year}"\n')
+    if k == "dates_with_count":
+        return code + _ranked("d") + (
+            f'answer = "Answer: " + str(sum(1 for n in counts.values() if n == {spec.count}))\n')
+    if k == "label_before_after":
+        return code + (f"cut = {_date(spec.date)}\n"
+                       "before = [l for d, u, l in scoped if d < cut]\n"
+                       "after = [l for d, u, l in scoped if d > cut]\n"
+                       f"x = before.count({a}) * len(after)\n"
+                       f"y = after.count({a}) * len(before)\n"
+                       'relation = "more common" if x > y else "less common" if x < y '
+                       'else "the same frequency"\n'
+                       f'answer = "Answer: " + {a} + " is " + relation + " before '
+                       f'{spec.date.isoformat()}"\n')
+    code += _per_month()
     if k == "first_month_a_beats_b":
-        return (_month_counts(*labels[:2])
-                + "year, month = min(k for k, (x, y) in per_month.items() if x > y)\n"
-                'answer = "Month: " + names[month - 1] + " " + str(year)\n')
+        return code + (f"year, month = min(m for m, c in per_month.items() "
+                       f"if c.get({a}, 0) > c.get({b}, 0))\n"
+                       f"month_names = {list(_MONTHS)!r}\n"
+                       'answer = "Answer: " + month_names[month - 1] + " " + str(year)\n')
+    if k == "months_a_beats_b":
+        return code + (f"count = sum(1 for c in per_month.values() if c.get({a}, 0) > c.get({b}, 0))\n"
+                       'answer = "Answer: " + str(count)\n')
+    if k == "months_label_most_common":
+        return code + (f"count = sum(1 for c in per_month.values() if all(c.get({a}, 0) > n "
+                       f"for l, n in c.items() if l != {a}))\n"
+                       'answer = "Answer: " + str(count)\n')
     raise AssertionError(f"no aggregation for {k!r}")  # parse_question knows no other kinds
 
 
 def _needs_rows(spec: QuestionSpec) -> bool:
-    return spec.kind not in ("most_common_label", "least_common_label", "label_vs_label",
-                             "label_count")
+    return spec.scope != "all" or spec.kind not in (
+        "most_common_label", "least_common_label", "label_vs_label", "label_count")
 
 
 def _fence(prose: str, code: str) -> str:
@@ -214,12 +255,12 @@ def trajectory(task: Task, style: str) -> list[str]:
     """The assistant turns of ``style`` for ``task``'s question."""
     if style not in STYLES:
         raise ValueError(f"unknown style {style!r}; choose from {', '.join(STYLES)}")
-    spec = parse_question(task.question, getattr(task, 'labels', None), kind=task.task)  # SHIM
-    ask = _ask(spec.label_set)
+    spec = parse_question(task.question, task.labels)
+    ask = _ask(task.labels)
     rows = _ROWS if _needs_rows(spec) else ""
     if style in ("small", "small-batched"):
         head = _SMALL_HEAD if style == "small" else _SMALL_BATCHED_HEAD
-        code = head.format(ask=ask, chunk=SMALL_CHUNK) + rows + aggregate(spec) + "FINAL(answer)\n"
+        code = head.format(ask=ask, chunk=SMALL_CHUNK) + rows + aggregate(spec, task.labels) + "FINAL(answer)\n"
         return [_fence("I will ask the sub-model for the category of every line, "
                        f"{SMALL_CHUNK} lines at a time, then count in Python.", code)]
     calls = (_BATCHED_CALLS.format(width=BATCH_WIDTH) if style == "batched" else _LOOP_CALLS)
@@ -233,7 +274,7 @@ def trajectory(task: Task, style: str) -> list[str]:
                "answer from the labels in Python and print it; (3) submit it.",
                _CHUNKS.format(ask=ask) + calls + _COLLECT.format()),
         _fence("Every record has a label. Now the answer to the query.",
-               rows + aggregate(spec) + "print(answer)\n"),
+               rows + aggregate(spec, task.labels) + "print(answer)\n"),
         _fence("The answer above is in the requested form; submitting it.", "FINAL(answer)\n"),
     ]
 
