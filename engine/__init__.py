@@ -1,4 +1,5 @@
-"""Engines: the `Engine` protocol and its backends (native, vLLM, OpenAI-compatible, replay).
+"""Engines: the `Engine` protocol and its backends (native, vLLM, OpenAI-compatible, replay,
+forced: scripted replies teacher-forced through the native engine).
 
 Heavy backends are imported lazily, so ``import agentrt.engine`` stays cheap.
 """
@@ -15,6 +16,7 @@ from .base import (
     Usage,
     complete,
 )
+from .forced import ForcedEngine
 from .metrics import SpecMetrics
 from .replay import ReplayEngine
 
@@ -26,7 +28,7 @@ _LAZY = {
 
 __all__ = [
     "BaseEngine", "Completion", "Delta", "Engine", "EngineError", "EngineStreamError", "Message",
-    "SamplingParams", "Usage", "complete", "SpecMetrics", "ReplayEngine", *_LAZY,
+    "SamplingParams", "Usage", "complete", "SpecMetrics", "ReplayEngine", "ForcedEngine", *_LAZY,
 ]
 
 

@@ -177,6 +177,16 @@ class KVPool:
             if not siblings:
                 del self._children[chain]
 
+    def forget(self) -> None:
+        """Empty the prefix index: every block becomes free (only while no block is in use)."""
+        if self.in_use():
+            raise ValueError(f"cannot empty the prefix index: {self.in_use()} blocks are in use")
+        self._free = list(range(self.num_blocks - 1, -1, -1))
+        self._unused.clear()
+        self._full.clear()
+        self._children.clear()
+        self._meta.clear()
+
     def cached_blocks(self) -> int:
         """Blocks in the prefix index (in use or not)."""
         return len(self._meta)

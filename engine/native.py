@@ -28,6 +28,7 @@ preemption.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import itertools
 import logging
 import os
@@ -50,7 +51,7 @@ from .proposers.base import Draft, DraftSampling, Proposer
 from .proposers.draft import DraftModelProposer
 from .proposers.ngram import NgramProposer
 from .proposers.suffix import SuffixProposer
-from .sequence import Job, OutputText, RequestState, Uniforms
+from .sequence import Job, OutputText, RequestState, Uniforms, forced_verify
 from .tokenizer import ChatTokenizer
 
 SPECULATION_KINDS = ("suffix", "ngram", "draft")
@@ -150,13 +151,9 @@ class AdaptiveK:
         self.draft_cost = draft_cost_per_token
         self.prior = prior
         self.decay = decay
-        self.hits = [[0.0] * max_k for _ in range(self.BUCKETS)]
-        self.seen = [[0.0] * max_k for _ in range(self.BUCKETS)]
         self.probe_every = probe_every
         self.probe_k = min(probe_k, max_k)
-        self._off_steps = [0] * self.BUCKETS
-        self._step = 0
-        self._counted = [-1] * self.BUCKETS  # the step a bucket's off count last grew in
+        self.forget()
 
     def accept(self, bucket: int = 0) -> list[float]:
         """Estimated acceptance of each draft position, given the earlier ones were accepted."""
@@ -216,6 +213,15 @@ class AdaptiveK:
             return min(self.probe_k, available)
         return 0
 
+    def forget(self) -> None:
+        """Drop the acceptance estimates learned so far (back to the prior). The step costs
+        stay: they describe the machine, not the text that was generated."""
+        self.hits = [[0.0] * self.max_k for _ in range(self.BUCKETS)]
+        self.seen = [[0.0] * self.max_k for _ in range(self.BUCKETS)]
+        self._off_steps = [0] * self.BUCKETS
+        self._step = 0
+        self._counted = [-1] * self.BUCKETS  # the step a bucket's off count last grew in
+
     def observe(self, drafted: int, accepted: int, bucket: int = 0) -> None:
         """Fold in one verify step's outcome."""
         hits, seen = self.hits[bucket], self.seen[bucket]
@@ -229,6 +235,13 @@ class AdaptiveK:
 @dataclass
 class _Remember:
     token_ids: list[int]
+
+
+@dataclass
+class _Reset:
+    prefix_cache: bool
+    drafter: bool
+    done: concurrent.futures.Future
 
 
 _Uniforms = Uniforms  # the name tests and tools used before sequences had their own module
@@ -433,9 +446,13 @@ class NativeEngine(BaseEngine):
 
     # ------------------------------------------------------------------------ public API
 
-    async def stream(self, messages: Sequence[Message],
-                     params: SamplingParams | None = None) -> AsyncIterator[Delta]:
-        """Stream the reply to ``messages``; the last delta has finish_reason, usage, metrics."""
+    async def stream(self, messages: Sequence[Message], params: SamplingParams | None = None,
+                     *, forced_text: str | None = None) -> AsyncIterator[Delta]:
+        """Stream the reply to ``messages``; the last delta has finish_reason, usage, metrics.
+
+        ``forced_text``: teacher-force this reply instead of the model's (see `ForcedEngine`):
+        the request runs as any other, but each verify step takes the script's tokens (the
+        text's encoding, then the end-of-turn token) as the target's."""
         if self._closed:
             raise EngineError("engine is closed")
         params = params or SamplingParams()
@@ -449,7 +466,7 @@ class NativeEngine(BaseEngine):
             except RuntimeError:  # the consumer's event loop is gone
                 return False
 
-        job = Job([dict(m) for m in messages], params, emit)
+        job = Job([dict(m) for m in messages], params, emit, forced_text=forced_text)
         self._jobs.put(job)
         try:
             while True:
@@ -466,6 +483,32 @@ class NativeEngine(BaseEngine):
         """Feed ``text`` (e.g. an earlier code cell) to the drafter's cross-request corpus."""
         if self.proposer is not None and text:
             self._jobs.put(_Remember(self.tokenizer.encode(text)))
+
+    def reset(self, *, prefix_cache: bool = True, drafter: bool = True) -> None:
+        """Forget what earlier requests left behind, so the next one starts as on a fresh engine.
+
+        ``prefix_cache``: drop every cached KV block of earlier prompts and outputs (the next
+        prompt is prefilled in full). ``drafter``: give the drafter a fresh cross-request state
+        (the suffix proposer's corpus of earlier outputs and remembered text; the draft model's
+        cached tokens) and drop adaptive k's acceptance estimates. Adaptive k keeps its measured
+        step-cost curve: that describes the machine, not the text. Metrics keep counting.
+
+        Applied on the worker thread between steps; blocks until it is. Raises `EngineError`
+        while requests are in flight (submitted and not yet finished or cancelled), when the
+        engine is closed, or when a custom proposer has no ``reset()``."""
+        if self._closed:
+            raise EngineError("engine is closed")
+        if drafter and self.proposer is not None and not callable(getattr(self.proposer, "reset", None)):
+            raise EngineError(f"proposer {self.proposer.name!r} has no reset(): its cross-request "
+                              f"state cannot be cleared (pass drafter=False to keep it)")
+        done: concurrent.futures.Future = concurrent.futures.Future()
+        self._jobs.put(_Reset(prefix_cache, drafter, done))
+        while True:
+            try:
+                return done.result(timeout=1.0)
+            except concurrent.futures.TimeoutError:
+                if not self._worker.is_alive():
+                    raise EngineError("engine worker is not running") from None
 
     def metrics(self) -> SpecMetrics:
         """Speculative-decoding metrics aggregated over every generation so far."""
@@ -530,6 +573,11 @@ class NativeEngine(BaseEngine):
                 self.proposer.remember(item.token_ids)
             except Exception:  # a drafter's corpus is an optimisation, never fatal
                 log.exception("proposer %s failed to remember text", self.speculation)
+        elif isinstance(item, _Reset):
+            try:
+                item.done.set_result(self._reset(item))
+            except Exception as exc:
+                item.done.set_exception(_engine_error(exc))
         elif not item.cancelled.is_set():
             try:
                 self._waiting.append(self._new_sequence(item))
@@ -547,8 +595,34 @@ class NativeEngine(BaseEngine):
                 f"({self.pool.capacity_tokens} tokens in kv_cache_bytes={self.kv_cache_bytes})")
         uniforms = Uniforms(self._seed_for(params), params.max_tokens + self.max_k + 2, self.device)
         metrics = SpecMetrics(lossy=self.acceptance_threshold < 1.0)
-        return RequestState(job, prompt, next(self._arrivals), uniforms,
-                        OutputText(self.tokenizer, params), metrics)
+        seq = RequestState(job, prompt, next(self._arrivals), uniforms,
+                           OutputText(self.tokenizer, params), metrics)
+        if job.forced_text is not None:
+            seq.forced = self._script(job.forced_text)
+        return seq
+
+    def _script(self, text: str) -> list[int]:
+        """The tokens a forced request streams: ``text``'s encoding, then the end of turn."""
+        tokens = self.tokenizer.encode(text)
+        if self.tokenizer.decode(tokens) != text:
+            raise EngineError("forced text does not decode back to itself (special-token markup "
+                              f"such as {self.tokenizer.hf.eos_token!r} in it?): {text[:80]!r}")
+        return tokens + [self.tokenizer.end_of_turn_id]
+
+    def _reset(self, item: _Reset) -> None:
+        """`reset` on the worker thread."""
+        self._drop_cancelled()
+        if self._running or self._waiting:
+            raise EngineError(f"reset refused: {len(self._running) + len(self._waiting)} "
+                              "request(s) in flight; finish or cancel them first")
+        if item.prefix_cache:
+            self.pool.forget()
+        if item.drafter:
+            if self.proposer is not None:
+                self.proposer.reset()
+            if self._policy is not None:
+                self._policy.forget()
+        self._credit, self._urgent_alone_s = 0.0, 0.0
 
     def _seed_for(self, params: SamplingParams) -> int:
         if params.seed is not None:
@@ -860,8 +934,11 @@ class NativeEngine(BaseEngine):
                  forward_s: float) -> None:
         """Verify ``seq``'s rows of this step, append what was accepted and stream it."""
         t = time.perf_counter()
-        accepted, token = self._verify(drafted, draft or Draft([]), logits, seq.params,
-                                       seq.uniforms, seq.produced)
+        if seq.forced is not None:  # teacher forcing: the script is the target
+            accepted, token = forced_verify(drafted, seq.forced, seq.produced)
+        else:
+            accepted, token = self._verify(drafted, draft or Draft([]), logits, seq.params,
+                                           seq.uniforms, seq.produced)
         new_tokens = drafted[:accepted] + [token]
         m = seq.metrics
         if not decode:

@@ -6,6 +6,9 @@ keys and values sit in its blocks. A step feeds ``tokens[computed:]`` (a prefill
 last token plus a draft) and, when that reaches the last known token, samples what follows.
 Being preempted only drops its blocks (``computed = 0``): the next admission recomputes them
 (mostly from the prefix cache), with the same results.
+
+A *forced* request carries a script (``RequestState.forced``): its verify steps take the script's
+tokens as the target's (`forced_verify`) instead of reading them from the logits.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ class Job:
     emit: Callable[[object], bool]
     cancelled: threading.Event = field(default_factory=threading.Event)
     submitted: float = field(default_factory=time.perf_counter)
+    forced_text: str | None = None
+    """A scripted reply to teacher-force instead of the model's choices (see `forced_verify`)."""
 
 
 class OutputText:
@@ -114,6 +119,8 @@ class RequestState:
         self.metrics = metrics
         self.state = None
         """The proposer's per-request state (None: no speculation)."""
+        self.forced: list[int] | None = None
+        """The scripted output tokens, ending with the end-of-turn token (None: not forced)."""
         self.admitted_at: float | None = None
 
     @property
@@ -134,3 +141,15 @@ class RequestState:
     def block_table(self) -> torch.Tensor:
         """The block table as the forward takes it (int32)."""
         return torch.tensor(self.blocks, dtype=torch.int32)
+
+
+def forced_verify(drafted: Seq[int], script: Seq[int], at: int) -> tuple[int, int]:
+    """``(accepted, next_token)`` when the target's token at output position ``at + i`` is
+    ``script[at + i]``: draft token i is accepted iff it and the draft tokens before it equal the
+    script there, and the next token is the script's token after the accepted ones. Past its end
+    the script reads as its last token (the end of turn, where the stream stops anyway)."""
+    last = len(script) - 1
+    accepted = 0
+    while accepted < len(drafted) and drafted[accepted] == script[min(at + accepted, last)]:
+        accepted += 1
+    return accepted, script[min(at + accepted, last)]

@@ -42,6 +42,16 @@ class ChatTokenizer:
     def vocab_size(self) -> int:
         return len(self.hf)
 
+    @property
+    def end_of_turn_id(self) -> int:
+        """The token that ends a reply: the tokenizer's EOS (``<|im_end|>`` for chat models),
+        else the lowest EOS id of the model's configs."""
+        if self.hf.eos_token_id is not None:
+            return int(self.hf.eos_token_id)
+        if not self.eos_token_ids:
+            raise ValueError(f"{self.path}: no end-of-sequence token in the tokenizer or configs")
+        return min(self.eos_token_ids)
+
     def encode_chat(self, messages: Sequence[dict[str, str]],
                     add_generation_prompt: bool = True) -> list[int]:
         """Token ids of ``messages`` rendered with the model's chat template."""

@@ -75,3 +75,8 @@ class Proposer(Protocol):
     def remember(self, token_ids: Sequence[int]) -> None:
         """Offer tokens likely to be repeated later (earlier code cells)."""
         ...
+
+    def reset(self) -> None:
+        """Forget everything kept across requests (outputs, remembered text, cached tokens):
+        afterwards the drafter proposes as a fresh one of the same configuration would."""
+        ...

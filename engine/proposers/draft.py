@@ -63,6 +63,11 @@ class DraftModelProposer:
         """Ignored: a draft model has no corpus."""
         return None
 
+    def reset(self) -> None:
+        """Forget which tokens the draft model's cache holds (the next request recomputes its
+        whole prompt); the measured draft cost stays."""
+        self.cached.clear()
+
 
 class DraftModelState:
     """One request's view of the draft model."""

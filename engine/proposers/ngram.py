@@ -37,6 +37,10 @@ class NgramProposer:
         """Ignored: prompt lookup has no cross-request memory."""
         return None
 
+    def reset(self) -> None:
+        """Nothing to forget: prompt lookup keeps nothing across requests."""
+        return None
+
 
 class NgramState:
     """Per-request n-gram index: ``n-gram -> start of what followed its most recent occurrence``."""

@@ -217,6 +217,11 @@ class SuffixProposer:
         """Add ``token_ids`` to the corpus as one document."""
         self.corpus.add(token_ids)
 
+    def reset(self) -> None:
+        """Start a new, empty corpus (earlier outputs and remembered text are forgotten;
+        requests still running keep the corpus they started with)."""
+        self.corpus = _Corpus(self.corpus.max_tokens, self.max_depth)
+
 
 class SuffixState:
     """One request: its own automaton, plus a match walked through the shared corpus."""
