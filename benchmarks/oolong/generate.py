@@ -25,14 +25,17 @@ from collections.abc import Sequence
 from .questions import (ANSWER_TYPE_OF, QUESTION_KINDS, SCOPES_OF, QuestionSpec, context_date,
                         parse_date, parse_question, render_question, solve)
 from .tasks import Row, Task, save_tasks
-from .words import ABBR_LETTERS, DATASETS, WORDS, Dataset
+from .words import ABBR_LETTERS, DATASETS, LABELS, WORDS, Dataset
 
 CHARS_PER_TOKEN = 4
 ATTEMPTS = 12
 """Parameter draws tried per question kind before the kind is given up for a window."""
 
-QUESTION_TYPES: dict[str, str] = dict(ANSWER_TYPE_OF)
-"""Question kind -> answer type: the kinds the generator asks (all of OOLONG-synth's)."""
+QUESTION_TYPES: dict[str, tuple[str, str]] = {
+    kind: (QuestionSpec(kind, answer_type).group, answer_type)
+    for kind, answer_type in ANSWER_TYPE_OF.items()}
+"""Question kind -> (OOLONG-synth's task group when asked about all rows, answer type): the kinds
+the generator asks (all of OOLONG-synth's)."""
 
 
 def format_row(row: Row) -> str:
@@ -140,8 +143,8 @@ def _draw(rng: random.Random, kind: str, scope: str, rows: Sequence[Row],
     return QuestionSpec(kind, ANSWER_TYPE_OF[kind], scope, **extra)
 
 
-def make_question(rng: random.Random, kind: str, rows: Sequence[Row], labels: Sequence[str],
-                  scope: str = "all") -> tuple[str, str] | None:
+def make_question(rng: random.Random, kind: str, rows: Sequence[Row],
+                  labels: Sequence[str] = LABELS, scope: str = "all") -> tuple[str, str] | None:
     """(question text in OOLONG-synth's wording, gold answer), or None when every draw of
     parameters gave a tie."""
     for _ in range(ATTEMPTS):

@@ -34,7 +34,7 @@ def test_generated_context_has_oolong_synth_form_and_size():
         assert dates != sorted(dates)                  # shuffled, as OOLONG-synth's windows
         target = 1024 if "-1k-" in t.id else 8192
         assert 0.9 * target <= t.context_tokens <= 1.1 * target
-        assert t.task in QUESTION_TYPES and t.answer_type == QUESTION_TYPES[t.task]
+        assert t.task in QUESTION_TYPES and t.answer_type == QUESTION_TYPES[t.task][1]
         assert t.labels == list(LABELS)
 
 
