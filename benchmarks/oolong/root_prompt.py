@@ -20,7 +20,8 @@ from collections.abc import Sequence
 
 from agentrt.engine.base import Message
 
-from .generate import QUESTION_TYPES, make_question, make_rows
+from .generate import make_question, make_rows
+from .questions import ANSWER_TYPE_OF, QUESTION_KINDS
 from .tasks import Task
 from .trajectories import SHAPE, STYLES, trajectory
 
@@ -50,7 +51,7 @@ answer form the query asks for.
 def example_tasks(task: Task, count: int, seed: int = 7) -> list[Task]:
     """``count`` questions of *other* types than ``task``'s, each about another small generated
     context (never the task's own question type, so an example never holds its program)."""
-    others = [k for k in QUESTION_TYPES if k != task.task]
+    others = [k for k in QUESTION_KINDS if k != task.task]
     rng = random.Random(f"{seed}-{task.task}")
     rng.shuffle(others)
     examples: list[Task] = []
@@ -63,7 +64,7 @@ def example_tasks(task: Task, count: int, seed: int = 7) -> list[Task]:
             made = make_question(r, kind, rows, task.labels)
             if made is not None:
                 examples.append(Task(id=f"example-{kind}", context="", question=made[0],
-                                     answer=made[1], answer_type=QUESTION_TYPES[kind],
+                                     answer=made[1], answer_type=ANSWER_TYPE_OF[kind],
                                      task=kind, rows=rows, labels=list(task.labels)))
                 break
     return examples
