@@ -35,7 +35,9 @@ class ForcedEngine(BaseEngine):
     count in its `NativeEngine.metrics`. A call past the last response raises `EngineError`.
 
     ``engine`` stays the caller's: `aclose` leaves it open (it may serve other runs; clear what
-    they leave behind with `NativeEngine.reset`).
+    they leave behind with `NativeEngine.reset`). Under `Agent`, pass a ``sub_engine`` (e.g.
+    ``engine`` itself): by default the agent's ``llm_query`` calls go to its main engine and
+    would take scripted responses too.
     """
 
     name = "forced"
