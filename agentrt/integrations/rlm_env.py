@@ -1,0 +1,636 @@
+"""`AgentrtREPL`: an environment of the RLM library (``rlms``) backed by agentrt's sandboxed REPL.
+
+The RLM drives an environment synchronously (``execute_code(code) -> REPLResult``). This one
+keeps an event loop in a thread of its own (an anyio blocking portal) holding agentrt's `Repl`
+(sandboxed worker processes in the OS jail) and, with ``speculation`` on, agentrt's `Speculator`.
+
+Tool speculation comes in two ways:
+
+* **while the root model streams** (the streaming hook of `agentrt.integrations.rlm`): the hook
+  calls `begin_stream`, `feed` for every text delta and `end_stream`; the shadow interpreter runs
+  the ```` ```repl ```` blocks as they stream and starts ``llm_query`` calls (and other
+  speculatable tools) early. When the RLM then executes a block whose code is the next streamed
+  block, the block's calls claim those early calls;
+* **when a block arrives whole** (no hook, or code that was not streamed): the block is given to
+  the shadow as it starts executing, so the calls it will make go out together (the lazy fan-out).
+
+Answers are the same as without speculation (agentrt's contract); the RLM's own log
+(``REPLResult.rlm_calls``) marks each sub-call served by an early call (`EarlyCompletion`).
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import copy
+import json
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import anyio.from_thread
+from rlm.core.comms_utils import LMRequest, send_lm_request, send_lm_request_batched
+from rlm.core.types import REPLResult, RLMChatCompletion
+from rlm.environments.base_env import NonIsolatedEnv, extract_tool_value, validate_custom_tools
+
+from agentrt.interpreter.protocol import NotPlainDataError, to_plain
+from agentrt.interpreter.repl import Repl, ReplError, ReplLimits, VariableSummary
+from agentrt.interpreter.segmenter import BlockClosed, BlockOpened, CodeStream, StatementClosed
+from agentrt.ledger import SpeculationBudget
+from agentrt.results import RunStats
+from agentrt.speculation import Speculator
+from agentrt.tool_calls import traced_call
+from agentrt.tools import Tool, ToolRegistry
+from agentrt.trace import Trace
+
+from .rlm_namespace import ANSWER_TYPE_NAME
+
+NAMESPACE_HOOK = "agentrt.integrations.rlm_namespace:install"
+LM_TOOLS = ("llm_query", "llm_query_batched", "rlm_query", "rlm_query_batched")
+_SIMPLE_TYPES = {"str": str, "int": int, "float": float, "bool": bool, "list": list,
+                 "dict": dict, "tuple": tuple, ANSWER_TYPE_NAME: dict}
+
+
+class EarlyCompletion(RLMChatCompletion):
+    """A sub-call the authoritative run took from an early (speculative) call.
+
+    Its ``to_dict`` (what ``RLMLogger`` writes) adds ``"agentrt": {"early": true, "started_s",
+    "finished_s", "claimed_s", "hidden_s"}``, seconds on the environment's trace clock; ``hidden_s``
+    is the part of the call that ran before the code asked for it.
+    """
+
+    agentrt: dict[str, Any]
+
+    @classmethod
+    def of(cls, completion: RLMChatCompletion, timing: dict[str, Any]) -> EarlyCompletion:
+        early = cls(**{name: getattr(completion, name) for name in completion.__dataclass_fields__})
+        early.agentrt = {"early": True, **timing}
+        return early
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**super().to_dict(), "agentrt": self.agentrt}
+
+
+@dataclass
+class _Finished:
+    """One finished invocation of an LM tool: what it returned and the completions behind it."""
+
+    value: Any
+    completions: list[RLMChatCompletion]
+    started_s: float
+    finished_s: float
+
+
+@dataclass
+class _StreamedTurn:
+    """The ```repl blocks of one streamed root response, as the segmenter saw them."""
+
+    index: int
+    segmenter: CodeStream
+    numbers: dict[int, int]
+    """Segmenter block index -> block number among the response's ```repl blocks."""
+    closed: list[str]
+    """Code of each closed (fenced) ```repl block, in order."""
+    executed: int = 0
+    streaming: bool = True
+    in_repl_block: bool = False
+    """The segmenter is inside a ```repl block."""
+
+
+class AgentrtREPL(NonIsolatedEnv):
+    """The RLM environment ``"agentrt"``: rlms' local REPL surface, in agentrt's sandbox.
+
+    The arguments before ``speculation`` are the ones the RLM passes to every environment (see
+    ``rlm.environments.local_repl.LocalREPL``). Through ``RLM(environment_kwargs={...})``:
+
+    * ``speculation`` (default True): run the shadow interpreter and start speculatable calls
+      early; off, the REPL runs every call when the code reaches it;
+    * ``repl_limits``: agentrt's `ReplLimits` (CPU / wall-clock / memory per cell, the OS jail);
+    * ``budget``: `SpeculationBudget` for early calls;
+    * ``trace`` / ``stats``: a `Trace` and `RunStats` to record into (share them to read a run's
+      timeline and counters after ``RLM.completion``); ``on_event`` is called with each event.
+
+    Custom tools: a callable becomes an agentrt tool (an agentrt `Tool` keeps its own
+    ``speculate`` flag; a plain function is never run early); any other value becomes a variable.
+    Values crossing into the sandbox (contexts, variables, tool arguments and results) must be plain
+    data.
+    """
+
+    def __init__(
+        self,
+        lm_handler_address: tuple[str, int] | None = None,
+        context_payload: dict | list | str | None = None,
+        setup_code: str | None = None,
+        persistent: bool = False,
+        depth: int = 1,
+        subcall_fn: Callable[[str, str | None], RLMChatCompletion] | None = None,
+        custom_tools: dict[str, Any] | None = None,
+        custom_sub_tools: dict[str, Any] | None = None,
+        compaction: bool = False,
+        max_concurrent_subcalls: int = 4,
+        *,
+        speculation: bool = True,
+        repl_limits: ReplLimits | None = None,
+        budget: SpeculationBudget | None = None,
+        trace: Trace | None = None,
+        stats: RunStats | None = None,
+        on_event: Callable[[Any], None] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(persistent=persistent, depth=depth,
+                         max_concurrent_subcalls=max_concurrent_subcalls, **kwargs)
+        self.lm_handler_address = lm_handler_address
+        self.subcall_fn = subcall_fn
+        self.custom_tools = custom_tools or {}
+        self.custom_sub_tools = custom_sub_tools if custom_sub_tools is not None else self.custom_tools
+        validate_custom_tools(self.custom_tools)
+        self.compaction = compaction
+        self.speculation = speculation
+        self.trace = trace if trace is not None else Trace(on_event)
+        self.stats = stats if stats is not None else RunStats()
+        self._limits = repl_limits or ReplLimits()
+        self._budget = budget or SpeculationBudget()
+        self._registry = ToolRegistry()
+        self._pending_variables: dict[str, Any] = {}
+        """Variables bound before the sandbox has started."""
+        self._context_count = 0
+        self._history_count = 0
+        self._compaction_history: list[Any] = []
+        self._finished: dict[str, list[_Finished]] = {}
+        self._finished_lock = threading.Lock()
+        self._cell_calls: list[RLMChatCompletion] = []
+        self._call_ids = 0
+        self._turn = -1
+        self._streamed: _StreamedTurn | None = None
+        self._current: tuple[int, int] = (0, 0)
+        self._repl: Repl | None = None
+        self._spec: Speculator | None = None
+        self._stop: anyio.Event | None = None
+        self._portal_cm: Any = None
+        self._portal: anyio.from_thread.BlockingPortal | None = None
+        self._closed = False
+        self._register_tools()
+        self.setup()
+        if context_payload is not None:
+            self.load_context(context_payload)
+        if setup_code:
+            self.execute_code(setup_code)
+
+    # -- the rlms environment interface --------------------------------------------------------
+
+    def setup(self) -> None:
+        """Start the event loop thread, the sandbox and (with speculation) the speculator."""
+        self._portal_cm = anyio.from_thread.start_blocking_portal("asyncio", name="agentrt-rlm")
+        self._portal = self._portal_cm.__enter__()
+        try:
+            self._portal.start_task(self._hold)
+        except BaseException:
+            self._close_portal()
+            raise
+        if self.compaction:
+            self._set_variable("history", self._compaction_history)
+
+    def load_context(self, context_payload: dict | list | str) -> None:
+        """Bind the payload as ``context_0`` and ``context``."""
+        self.add_context(context_payload, 0)
+
+    def add_context(self, context_payload: dict | list | str,
+                    context_index: int | None = None) -> int:
+        """Bind ``context_<index>`` (and ``context`` for index 0); dicts and lists go through
+        JSON, as in rlms' local REPL. Returns the index used."""
+        index = self._context_count if context_index is None else context_index
+        value = context_payload if isinstance(context_payload, str) \
+            else json.loads(json.dumps(context_payload))
+        self._set_variable(f"context_{index}", value)
+        if index == 0:
+            self._set_variable("context", value)
+        self._context_count = max(self._context_count, index + 1)
+        return index
+
+    def get_context_count(self) -> int:
+        return self._context_count
+
+    def add_history(self, message_history: list[dict[str, Any]],
+                    history_index: int | None = None) -> int:
+        """Bind a copy of a conversation as ``history_<index>`` (and ``history`` for index 0)."""
+        index = self._history_count if history_index is None else history_index
+        value = copy.deepcopy(message_history)
+        self._set_variable(f"history_{index}", value)
+        if index == 0:
+            self._set_variable("history", value)
+        self._history_count = max(self._history_count, index + 1)
+        return index
+
+    def get_history_count(self) -> int:
+        return self._history_count
+
+    def update_handler_address(self, address: tuple[str, int]) -> None:
+        """The RLM's LM handler moved (a new completion of a persistent RLM)."""
+        self.lm_handler_address = address
+
+    def append_compaction_entry(self, entry: list[dict[str, Any]] | dict[str, Any]) -> None:
+        """Append a trajectory segment or summary to ``history`` (compaction mode)."""
+        if self.compaction:
+            self._compaction_history.append(copy.deepcopy(entry))
+            self._set_variable("history", self._compaction_history)
+
+    def execute_code(self, code: str) -> REPLResult:
+        """Run one cell; its printed output, error, variables, sub-calls and final answer."""
+        self._check_open()
+        return self._portal.call(self._execute, code)
+
+    def cleanup(self) -> None:
+        """Stop the sandbox and the event loop thread (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._portal is None:
+            return
+        try:
+            if self._stop is not None:
+                self._portal.call(self._stop.set)
+        finally:
+            self._close_portal()  # waits for the sandbox to close
+
+    def __enter__(self) -> AgentrtREPL:
+        return self
+
+    def __exit__(self, *exc: Any) -> bool:
+        self.cleanup()
+        return False
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.cleanup()
+
+    # -- the streaming side (called by the root-stream hook, from the RLM's thread) ------------
+
+    def begin_stream(self) -> None:
+        """The root model starts a response: a new turn for the speculator."""
+        self._check_open()
+        self._portal.call(self._begin_stream)
+
+    def feed(self, delta: str) -> None:
+        """Text the root model streamed."""
+        self._check_open()
+        self._portal.call(self._feed, delta)
+
+    def end_stream(self) -> None:
+        """The response is complete (its blocks are executed next)."""
+        self._check_open()
+        self._portal.call(self._end_stream)
+
+    # -- event loop side -----------------------------------------------------------------------
+
+    async def _hold(self, *, task_status: Any) -> None:
+        """Own the REPL and the speculator (their task groups) until `cleanup`."""
+        signatures = {t.name: t.signature_line() for t in self._registry}
+        async with contextlib.AsyncExitStack() as stack:
+            repl = Repl(self._call_tool, signatures, limits=self._limits)
+            stack.push_async_callback(repl.aclose)
+            await repl.start()
+            await repl.extend(NAMESPACE_HOOK)
+            for name, value in self._pending_variables.items():
+                await repl.set_variable(name, value)
+            self._pending_variables.clear()
+            self._repl = repl
+            if self.speculation:
+                self._spec = await stack.enter_async_context(Speculator(
+                    repl, self._registry, self._budget, self.trace, self.stats))
+            self._stop = anyio.Event()
+            task_status.started()
+            await self._stop.wait()
+            await self._end_turn()
+
+    def _close_portal(self) -> None:
+        cm, self._portal_cm, self._portal = self._portal_cm, None, None
+        if cm is not None:
+            cm.__exit__(None, None, None)
+
+    def _check_open(self) -> None:
+        if self._closed or self._portal is None:
+            raise RuntimeError("this agentrt environment was cleaned up")
+
+    def _set_variable(self, name: str, value: Any) -> None:
+        try:
+            value = to_plain(value)
+        except NotPlainDataError as exc:
+            raise TypeError(f"the agentrt environment cannot bind {name!r}: {exc} (only plain "
+                            "data -- str, numbers, lists, dicts ... -- enters its sandbox)") from None
+        if self._repl is None:
+            self._pending_variables[name] = value
+        else:
+            self._portal.call(self._repl.set_variable, name, value)
+
+    async def _begin_turn(self) -> int:
+        await self._end_turn()
+        self._turn += 1
+        self.trace.emit("turn_started", turn=self._turn)
+        if self._spec is not None:
+            self._spec.start_turn(self._turn)
+        return self._turn
+
+    async def _end_turn(self) -> None:
+        if self._turn < 0:
+            return
+        self._streamed = None
+        if self._spec is not None:
+            await self._spec.end_turn()
+        with self._finished_lock:
+            self._finished.clear()  # results of early calls nobody claimed
+        self.trace.emit("turn_finished", turn=self._turn)
+
+    async def _begin_stream(self) -> None:
+        turn = await self._begin_turn()
+        self._streamed = _StreamedTurn(turn, CodeStream(), {}, [])
+
+    def _feed(self, delta: str) -> None:
+        streamed = self._streamed
+        if streamed is None or not streamed.streaming or not delta:
+            return
+        self.trace.emit("delta", turn=streamed.index, chars=len(delta), text=delta)
+        self._forward(streamed, streamed.segmenter.feed(delta))
+        if self._spec is not None and "\n" in delta and streamed.in_repl_block:
+            self._spec.open_block_grew(streamed.segmenter.open_tail)
+
+    def _end_stream(self) -> None:
+        streamed = self._streamed
+        if streamed is not None and streamed.streaming:
+            streamed.streaming = False
+            self._forward(streamed, streamed.segmenter.finish())
+
+    def _forward(self, streamed: _StreamedTurn, events: Sequence[Any]) -> None:
+        """Pass the segmenter's events about ```repl blocks (the ones the RLM runs) on."""
+        spec = self._spec
+        for ev in events:
+            if isinstance(ev, BlockOpened):
+                streamed.in_repl_block = ev.lang == "repl"
+                if streamed.in_repl_block:
+                    streamed.numbers[ev.index] = len(streamed.numbers)
+                    self.trace.emit("block_opened", turn=streamed.index,
+                                    block=streamed.numbers[ev.index])
+                continue
+            block = streamed.numbers.get(ev.block_index)
+            if block is None:
+                continue
+            if isinstance(ev, StatementClosed):
+                self.trace.emit("statement_closed", turn=streamed.index, block=block,
+                                stmt=ev.stmt_index, lineno=ev.lineno)
+                if spec is not None:
+                    spec.statement_closed(block, ev.lineno, ev.end_lineno, ev.source)
+            elif isinstance(ev, BlockClosed):
+                streamed.in_repl_block = False
+                self.trace.emit("block_closed", turn=streamed.index, block=block,
+                                chars=len(ev.code), unterminated=ev.unterminated)
+                if not ev.unterminated:  # the RLM runs fenced blocks only
+                    streamed.closed.append(ev.code)
+                if spec is not None:
+                    spec.block_closed(block, ev.code)
+
+    async def _block_for(self, code: str) -> int:
+        """The block number of ``code`` in the current turn: the next streamed block when it is
+        that code, else a new turn whose only block is ``code`` (given to the shadow whole)."""
+        streamed = self._streamed
+        if streamed is not None and not streamed.streaming \
+                and streamed.executed < len(streamed.closed) \
+                and streamed.closed[streamed.executed].strip() == code.strip():
+            streamed.executed += 1
+            return streamed.executed - 1
+        turn = await self._begin_turn()
+        if self._spec is not None:
+            whole = _StreamedTurn(turn, CodeStream(), {}, [], streaming=False)
+            self._forward(whole, whole.segmenter.feed(f"```repl\n{code}\n```\n"))
+            self._forward(whole, whole.segmenter.finish())
+            whole.executed = 1
+            self._streamed = whole
+        return 0
+
+    async def _execute(self, code: str) -> REPLResult:
+        started = time.perf_counter()
+        assert self._repl is not None
+        block = await self._block_for(code)
+        self._current = (self._turn, block)
+        self._cell_calls = []
+        self.trace.emit("exec_started", turn=self._turn, block=block)
+        if self._spec is not None:
+            self._spec.block_started(block)
+        try:
+            result = await self._repl.execute(code)
+            summary = await self._repl.namespace_summary()
+        except ReplError as exc:
+            self.trace.emit("exec_finished", turn=self._turn, block=block,
+                            error=f"ReplError: {exc}", final=False)
+            return REPLResult("", f"\nReplError: {exc}", {}, time.perf_counter() - started)
+        finally:
+            if self._spec is not None:
+                self._spec.block_executed(block)
+        self.trace.emit("exec_finished", turn=self._turn, block=block, error=result.error,
+                        final=result.final is not None)
+        final = None if result.final is None else str(result.final.value)
+        return REPLResult(
+            stdout=result.stdout,
+            stderr="" if result.error is None else f"\n{result.error}",
+            locals={name: _preview(v) for name, v in summary.items()},
+            execution_time=time.perf_counter() - started,
+            rlm_calls=list(self._cell_calls),
+            final_answer=final,
+        )
+
+    async def _call_tool(self, name: str, args: tuple, kwargs: dict,
+                         line: int | None = None) -> Any:
+        """The sandbox's tool calls: claim an early call or invoke the tool; trace and count."""
+        turn, block = self._current
+        if self._spec is not None:
+            claimed_s = self.trace.now()
+            hit, value = await self._spec.claim(name, args, kwargs, block=block)
+            if hit:
+                self._collect(name, args, kwargs, value, claimed_s)
+                return value
+        self._call_ids += 1
+        value = await traced_call(self._registry, self.trace, self.stats, name, args, kwargs,
+                                  call_id=self._call_ids, mode="sync", turn=turn, block=block,
+                                  lineno=line)
+        self._collect(name, args, kwargs, value, None)
+        return value
+
+    def _collect(self, name: str, args: tuple, kwargs: dict, value: Any,
+                 claimed_s: float | None) -> None:
+        """Put the completions behind an LM tool's ``value`` into this cell's ``rlm_calls``."""
+        if name not in LM_TOOLS:
+            return
+        try:
+            key = self._registry.get(name).call_key(args, kwargs)
+        except Exception:
+            return
+        with self._finished_lock:
+            entries = self._finished.get(key, [])
+            entry = next((e for e in entries if e.value == value), entries[0] if entries else None)
+            if entry is None:
+                return
+            entries.remove(entry)
+        for completion in entry.completions:
+            if claimed_s is not None:
+                completion = EarlyCompletion.of(completion, {
+                    "started_s": entry.started_s, "finished_s": entry.finished_s,
+                    "claimed_s": claimed_s,
+                    "hidden_s": max(0.0, min(entry.finished_s, claimed_s) - entry.started_s)})
+            self._cell_calls.append(completion)
+
+    # -- tools -----------------------------------------------------------------------------------
+
+    def _register_tools(self) -> None:
+        for tool in self._lm_tools():
+            self._registry.register(tool)
+        for name, entry in self.custom_tools.items():
+            value = extract_tool_value(entry)
+            if not callable(value):
+                self._pending_variables[name] = _plain_tool_value(name, value)
+                continue
+            description = entry.get("description") if isinstance(entry, dict) else None
+            try:
+                if isinstance(value, Tool):  # a copy: its limiter belongs to this event loop
+                    tool = Tool(value.func, name=name, speculate=value.speculate,
+                                timeout=value.timeout, max_concurrency=value.max_concurrency,
+                                description=description or value.description)
+                else:
+                    tool = Tool(value, name=name, description=description)
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"custom tool {name!r} cannot be an agentrt tool: {exc}") \
+                    from None
+            self._registry.register(tool)
+
+    def _lm_tools(self) -> list[Tool]:
+        def llm_query(prompt: Any, model: str | None = None) -> str:
+            """A single sub-LLM completion (no REPL, no recursion)."""
+            return self._lm_call("llm_query", (prompt, model), lambda: self._ask(prompt, model))
+
+        def llm_query_batched(prompts: list[Any], model: str | None = None) -> list[str]:
+            """Several sub-LLM completions at once; replies in the order of the prompts."""
+            return self._lm_call("llm_query_batched", (prompts, model),
+                                 lambda: self._ask_batched(prompts, model))
+
+        def rlm_query(prompt: Any, model: str | None = None) -> str:
+            """A recursive RLM sub-call (a plain sub-LLM completion without recursion)."""
+            return self._lm_call("rlm_query", (prompt, model),
+                                 lambda: self._recurse(prompt, model))
+
+        def rlm_query_batched(prompts: list[Any], model: str | None = None) -> list[str]:
+            """Several recursive RLM sub-calls at once."""
+            return self._lm_call("rlm_query_batched", (prompts, model),
+                                 lambda: self._recurse_batched(prompts, model))
+
+        plain = self.subcall_fn is None  # without recursion rlm_query is a plain completion
+        return [Tool(llm_query, speculate=True), Tool(llm_query_batched, speculate=True),
+                Tool(rlm_query, speculate=plain), Tool(rlm_query_batched, speculate=plain)]
+
+    def _lm_call(self, name: str, args: tuple, run: Callable[[], tuple[Any, list]]) -> Any:
+        """Run an LM tool's body and keep its completions until a cell claims its value."""
+        started = self.trace.now()
+        value, completions = run()
+        try:
+            key = self._registry.get(name).call_key(args, {})
+        except Exception:  # arguments with no canonical form: no cell can claim this value
+            return value
+        with self._finished_lock:
+            self._finished.setdefault(key, []).append(
+                _Finished(value, completions, started, self.trace.now()))
+        return value
+
+    def _ask(self, prompt: Any, model: str | None) -> tuple[str, list]:
+        if not self.lm_handler_address:
+            return "Error: No LM handler configured", []
+        try:
+            response = send_lm_request(self.lm_handler_address,
+                                       LMRequest(prompt=prompt, model=model, depth=self.depth))
+        except Exception as exc:
+            return f"Error: LM query failed - {exc}", []
+        if not response.success:
+            return f"Error: {response.error}", []
+        return response.chat_completion.response, [response.chat_completion]
+
+    def _ask_batched(self, prompts: list[Any], model: str | None) -> tuple[list[str], list]:
+        if not self.lm_handler_address:
+            return ["Error: No LM handler configured"] * len(prompts), []
+        try:
+            responses = send_lm_request_batched(self.lm_handler_address, prompts, model=model,
+                                                depth=self.depth)
+        except Exception as exc:
+            return [f"Error: LM query failed - {exc}"] * len(prompts), []
+        replies, completions = [], []
+        for response in responses:
+            if response.success:
+                completions.append(response.chat_completion)
+                replies.append(response.chat_completion.response)
+            else:
+                replies.append(f"Error: {response.error}")
+        return replies, completions
+
+    def _recurse(self, prompt: Any, model: str | None) -> tuple[str, list]:
+        if self.subcall_fn is None:
+            return self._ask(prompt, model)
+        try:
+            completion = self.subcall_fn(prompt, model)
+        except Exception as exc:
+            return f"Error: RLM query failed - {exc}", []
+        return completion.response, [completion]
+
+    def _recurse_batched(self, prompts: list[Any], model: str | None) -> tuple[list[str], list]:
+        if self.subcall_fn is None:
+            return self._ask_batched(prompts, model)
+        workers = max(1, min(self.max_concurrent_subcalls, len(prompts)))
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            outcomes = list(pool.map(lambda p: self._recurse(p, model), prompts))
+        return [reply for reply, _ in outcomes], [c for _, calls in outcomes for c in calls]
+
+
+def _plain_tool_value(name: str, value: Any) -> Any:
+    try:
+        return to_plain(value)
+    except NotPlainDataError as exc:
+        raise TypeError(f"custom tool {name!r}: a value of type {type(value).__name__} cannot "
+                        f"enter the agentrt sandbox ({exc}); pass plain data or a callable") from None
+
+
+def _preview(summary: VariableSummary) -> Any:
+    """A variable as ``REPLResult.locals`` shows it. The namespace lives in the sandbox, so this is
+    its short repr: parsed back into a value of its type for the plain types (the value itself
+    when the repr is complete), a stand-in of the same type that prints as the repr for a
+    shortened list, dict or tuple, and an opaque stand-in for anything else."""
+    kind = _SIMPLE_TYPES.get(summary.type_name)
+    if kind is None:
+        return _Opaque(summary.repr)
+    with contextlib.suppress(ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        value = ast.literal_eval(summary.repr)
+        if isinstance(value, kind):
+            return value
+    shortened = _SHORTENED.get(kind)
+    if shortened is None:
+        return _Opaque(summary.repr)
+    stand_in = shortened()
+    stand_in.text = summary.repr
+    return stand_in
+
+
+class _Opaque:
+    """A sandbox variable shown by its short repr."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+class _ShortRepr:
+    text = ""
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+_SHORTENED = {kind: type(f"Shortened{kind.__name__.title()}", (_ShortRepr, kind), {})
+              for kind in (list, dict, tuple)}
