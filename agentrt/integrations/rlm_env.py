@@ -169,7 +169,9 @@ class AgentrtREPL(NonIsolatedEnv):
         self._current: tuple[int, int] = (0, 0)
         self._repl: Repl | None = None
         self._spec: Speculator | None = None
-        self._stop: anyio.Event | None = None
+        self._ready: anyio.Event
+        self._stop: anyio.Event
+        self._start_error: Exception | None = None
         self._portal_cm: Any = None
         self._portal: anyio.from_thread.BlockingPortal | None = None
         self._closed = False
@@ -183,11 +185,13 @@ class AgentrtREPL(NonIsolatedEnv):
     # -- the rlms environment interface --------------------------------------------------------
 
     def setup(self) -> None:
-        """Start the event loop thread, the sandbox and (with speculation) the speculator."""
+        """Start the event loop thread and, in the background, the sandbox (its start overlaps
+        the root model's first response; the first cell waits for it)."""
         self._portal_cm = anyio.from_thread.start_blocking_portal("asyncio", name="agentrt-rlm")
         self._portal = self._portal_cm.__enter__()
         try:
-            self._portal.start_task(self._hold)
+            self._ready, self._stop = self._portal.call(lambda: (anyio.Event(), anyio.Event()))
+            self._portal.start_task_soon(self._hold)
         except BaseException:
             self._close_portal()
             raise
@@ -251,8 +255,7 @@ class AgentrtREPL(NonIsolatedEnv):
         if self._portal is None:
             return
         try:
-            if self._stop is not None:
-                self._portal.call(self._stop.set)
+            self._portal.call(self._stop.set)
         finally:
             self._close_portal()  # waits for the sandbox to close
 
@@ -286,25 +289,38 @@ class AgentrtREPL(NonIsolatedEnv):
 
     # -- event loop side -----------------------------------------------------------------------
 
-    async def _hold(self, *, task_status: Any) -> None:
-        """Own the REPL and the speculator (their task groups) until `cleanup`."""
+    async def _hold(self) -> None:
+        """Start the sandbox, then own it and the speculator (their task groups) until
+        `cleanup`. A start failure is kept for the first cell to raise."""
         signatures = {t.name: t.signature_line() for t in self._registry}
         async with contextlib.AsyncExitStack() as stack:
             repl = Repl(self._call_tool, signatures, limits=self._limits)
             stack.push_async_callback(repl.aclose)
-            await repl.start()
-            await repl.extend(NAMESPACE_HOOK)
-            for name, value in self._pending_variables.items():
-                await repl.set_variable(name, value)
-            self._pending_variables.clear()
-            self._repl = repl
-            if self.speculation:
+            if self.speculation:  # shadows wait for `_ready`
                 self._spec = await stack.enter_async_context(Speculator(
-                    repl, self._registry, self._budget, self.trace, self.stats))
-            self._stop = anyio.Event()
-            task_status.started()
+                    repl, self._registry, self._budget, self.trace, self.stats,
+                    ready=self._ready))
+            try:
+                await repl.start()
+                await repl.extend(NAMESPACE_HOOK)
+                while self._pending_variables:
+                    name = next(iter(self._pending_variables))
+                    await repl.set_variable(name, self._pending_variables.pop(name))
+            except Exception as exc:
+                self._start_error, self._spec = exc, None
+                self._ready.set()
+                return
+            self._repl = repl
+            self._ready.set()
             await self._stop.wait()
             await self._end_turn()
+
+    async def _started(self) -> Repl:
+        """The sandbox, once started; its start error, raised, if it did not start."""
+        await self._ready.wait()
+        if self._repl is None:
+            raise ReplError(f"the agentrt sandbox did not start: {self._start_error}")
+        return self._repl
 
     def _close_portal(self) -> None:
         cm, self._portal_cm, self._portal = self._portal_cm, None, None
@@ -321,10 +337,13 @@ class AgentrtREPL(NonIsolatedEnv):
         except NotPlainDataError as exc:
             raise TypeError(f"the agentrt environment cannot bind {name!r}: {exc} (only plain "
                             "data -- str, numbers, lists, dicts ... -- enters its sandbox)") from None
-        if self._repl is None:
+        self._portal.call(self._bind, name, value)
+
+    async def _bind(self, name: str, value: Any) -> None:
+        if self._ready.is_set():
+            await (await self._started()).set_variable(name, value)
+        else:  # bound by `_hold` once the sandbox has started
             self._pending_variables[name] = value
-        else:
-            self._portal.call(self._repl.set_variable, name, value)
 
     async def _begin_turn(self) -> int:
         await self._end_turn()
@@ -411,7 +430,7 @@ class AgentrtREPL(NonIsolatedEnv):
 
     async def _execute(self, code: str) -> REPLResult:
         started = time.perf_counter()
-        assert self._repl is not None
+        repl = await self._started()
         block = await self._block_for(code)
         self._current = (self._turn, block)
         self._cell_calls = []
@@ -419,8 +438,8 @@ class AgentrtREPL(NonIsolatedEnv):
         if self._spec is not None:
             self._spec.block_started(block)
         try:
-            result = await self._repl.execute(code)
-            summary = await self._repl.namespace_summary()
+            result = await repl.execute(code)
+            summary = await repl.namespace_summary()
         except ReplError as exc:
             self.trace.emit("exec_finished", turn=self._turn, block=block,
                             error=f"ReplError: {exc}", final=False)

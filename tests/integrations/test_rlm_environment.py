@@ -263,3 +263,17 @@ def test_early_completion_is_logged_with_its_timing():
     early = EarlyCompletion.of(plain, {"hidden_s": 0.25})
     assert early.response == "r" and early.metadata is None
     assert early.to_dict() == {**plain.to_dict(), "agentrt": {"early": True, "hidden_s": 0.25}}
+
+
+def test_a_sandbox_that_cannot_start_is_a_clear_error():
+    from agentrt.interpreter.repl import ReplError
+
+    env = AgentrtREPL(context_payload=CONTEXT,
+                      repl_limits=ReplLimits(start_timeout_s=0.001))
+    try:
+        with pytest.raises(ReplError, match="the agentrt sandbox did not start"):
+            env.execute_code("print(1)")
+    finally:
+        env.cleanup()
+    with pytest.raises(RuntimeError, match="cleaned up"):
+        env.execute_code("print(1)")
