@@ -65,8 +65,18 @@ def paced(pieces: list[str], tokens_per_second: float) -> Iterator[str]:
         yield piece
 
 
-class _Final(Exception):
-    """``FINAL`` was called: the run's answer is known."""
+_ANSWER = "_final_answer"
+_ANSWER_HELPERS = f"""
+def FINAL(value):
+    global {_ANSWER}
+    {_ANSWER} = [value]
+
+def FINAL_VAR(name):
+    global {_ANSWER}
+    {_ANSWER} = [globals()[name]]
+"""
+"""Defined in the namespace itself: a shadow's copy of them records into the shadow's copy of the
+namespace, never into the real one."""
 
 
 def _first_line(error: str | None) -> str | None:
@@ -106,15 +116,8 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     for name, function, speculatable in job_tools(job):
         spec.tool(speculatable=speculatable, pure=speculatable, name=name,
                   batched=name.endswith("_batched"))(function)
-    final: dict[str, Any] = {}
-
-    def FINAL(value: Any) -> None:  # noqa: N802 - the suite's programs call it so
-        final["answer"] = value
-
-    def FINAL_VAR(name: str) -> None:  # noqa: N802
-        final["answer"] = ns[name]
-
-    ns: dict[str, Any] = {"context": job["context"], "FINAL": FINAL, "FINAL_VAR": FINAL_VAR}
+    ns: dict[str, Any] = {"context": job["context"]}
+    exec(_ANSWER_HELPERS, ns)
     ns.update(spec.hooks())
     turns: list[list[str | None]] = []
     started = time.perf_counter()
@@ -125,29 +128,30 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
                 for delta in paced(pieces, job["tokens_per_second"]):
                     text.append(delta)
                     turn.feed(delta)
-            out, error = _run_blocks("".join(text), ns, final)
+            out, error = _run_blocks("".join(text), ns)
             spec.end_turn()
             turns.append([out, _first_line(error)])
-            if "answer" in final:
+            if _ANSWER in ns:
                 break
         wall = time.perf_counter() - started
         stats = spec.stats()
         history = spec.bus.history
     finally:
         spec.close()
+    answer = ns[_ANSWER][0] if _ANSWER in ns else None
     return {
         "pattern": job["pattern"], "wall_s": wall,
-        "status": "final" if "answer" in final else "max_turns",
-        "answer": repr(final.get("answer")), "turns": turns,
-        "answer_text": str(final["answer"]) if "answer" in final else None,
+        "status": "final" if _ANSWER in ns else "max_turns",
+        "answer": repr(answer), "turns": turns,
+        "answer_text": None if _ANSWER not in ns else str(answer),
         "launched": stats["speculated"], "hits": stats["claimed"],
         "misses": sum(1 for e in history if e.kind == "claim_miss"),
         "wasted": stats["speculated"] - stats["claimed"],
     }
 
 
-def _run_blocks(response: str, ns: dict[str, Any], final: dict[str, Any]) -> tuple[str, str | None]:
-    """Execute the response's blocks in order: (printed output, last error)."""
+def _run_blocks(response: str, ns: dict[str, Any]) -> tuple[str, str | None]:
+    """Execute the response's blocks in order, up to ``FINAL``: (printed output, last error)."""
     out, error = io.StringIO(), None
     for code in _BLOCK.findall(response):
         try:
@@ -155,7 +159,7 @@ def _run_blocks(response: str, ns: dict[str, Any], final: dict[str, Any]) -> tup
                 exec(code, ns)
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
-        if "answer" in final:
+        if _ANSWER in ns:
             break
     return out.getvalue(), error
 
@@ -179,18 +183,18 @@ def run_job_own_harness(job: dict[str, Any]) -> dict[str, Any]:
     """One pattern through spec-ptc's own turn loop (`Harness`, mode "spec")."""
     engine = _ReplayEngine(job)
     harness = Harness(engine, "spec", context=job["context"])
-    final: dict[str, Any] = {}
-    harness.repl.globals["FINAL"] = lambda value: final.setdefault("answer", value)
+    exec(_ANSWER_HELPERS, harness.repl.locals)
     started = time.perf_counter()
     try:
         for pieces in job["turns"]:
             harness.run_turn(engine.stream_main(pieces))
-            if "answer" in final:
+            if _ANSWER in harness.repl.locals:
                 break
         wall = time.perf_counter() - started
     finally:
         harness.launcher.shutdown()
-    return {"pattern": job["pattern"], "wall_s": wall, "answer": repr(final.get("answer"))}
+    answer = harness.repl.locals.get(_ANSWER, [None])[0]
+    return {"pattern": job["pattern"], "wall_s": wall, "answer": repr(answer)}
 
 
 def main(argv: list[str] | None = None) -> int:

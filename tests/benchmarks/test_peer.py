@@ -76,7 +76,7 @@ def test_peer_row_counts_a_differing_or_failed_peer_as_no_speedup():
 def test_peer_runs_the_same_program_and_stream_side_by_side(tmp_path):
     peer_or_skip()
     code, data, table = bench(tmp_path, "--systems", "agentrt,spec-ptc",
-                              "--only", "map_reduce", "two_turn_dependency")
+                              "--only", "map_reduce", "several_blocks", "two_turn_dependency")
     assert code == 0 and data["peer_note"] is None
     for row in data["rows"]:
         assert row["identical"] and row["peer_identical"], row

@@ -277,3 +277,29 @@ def test_a_sandbox_that_cannot_start_is_a_clear_error():
         env.cleanup()
     with pytest.raises(RuntimeError, match="cleaned up"):
         env.execute_code("print(1)")
+
+
+def test_recursive_rlm_query_matches_local():
+    parent = """```repl
+r = rlm_query("double 21")
+answer["content"] = "child said " + r
+answer["ready"] = True
+```
+"""
+    child = """```repl
+answer["content"] = str(int(context.split()[-1]) * 2)
+answer["ready"] = True
+```
+"""
+
+    def root(messages):  # the child's context is the parent's rlm_query prompt (9 characters)
+        return child if "str of 9 total characters" in str(messages[:2]) else parent
+
+    answers = {}
+    with ScriptedServer(root=root, tokens_per_second=4000) as server:
+        for env in ("local", "agentrt"):
+            rlm = RLM(backend="openai", backend_kwargs={
+                "model_name": server.root_model, "base_url": server.url, "api_key": "k"},
+                environment=env, max_depth=2, max_iterations=2)
+            answers[env] = rlm.completion("the parent's context").response
+    assert answers["agentrt"] == answers["local"] == "child said 42"
