@@ -54,8 +54,9 @@ if not hasattr(_local_repl, "_AnswerDict"):  # pragma: no cover - older rlms
     raise ImportError(f"agentrt.integrations.rlm supports rlms >= 0.1.3 (the `answer` dict "
                       f"protocol); installed: rlms {metadata.version('rlms')}")
 
-from .rlm_env import AgentrtREPL, EarlyCompletion
+from .rlm_env import AgentrtREPL
 from .rlm_stream import root_stream
+from .rlm_tools import EarlyCompletion
 
 ENVIRONMENT = "agentrt"
 """The environment name to pass as ``RLM(environment=...)``."""

@@ -27,62 +27,31 @@ import json
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import anyio
 import anyio.from_thread
-from rlm.core.comms_utils import LMRequest, send_lm_request, send_lm_request_batched
 from rlm.core.types import REPLResult, RLMChatCompletion
 from rlm.environments.base_env import NonIsolatedEnv, extract_tool_value, validate_custom_tools
 
-from agentrt.interpreter.protocol import NotPlainDataError, to_plain
 from agentrt.interpreter.repl import Repl, ReplError, ReplLimits, VariableSummary
 from agentrt.interpreter.segmenter import BlockClosed, BlockOpened, CodeStream, StatementClosed
 from agentrt.ledger import SpeculationBudget
 from agentrt.results import RunStats
 from agentrt.speculation import Speculator
 from agentrt.tool_calls import traced_call
-from agentrt.tools import Tool, ToolRegistry
+from agentrt.tools import ToolRegistry
 from agentrt.trace import Trace
 
 from .rlm_namespace import ANSWER_TYPE_NAME
+from .rlm_tools import NAMES as SUB_CALLS
+from .rlm_tools import SubCalls, custom_tool, plain_value
 
 NAMESPACE_HOOK = "agentrt.integrations.rlm_namespace:install"
-LM_TOOLS = ("llm_query", "llm_query_batched", "rlm_query", "rlm_query_batched")
+_LOOP_THREAD = "agentrt-rlm-loop"
 _SIMPLE_TYPES = {"str": str, "int": int, "float": float, "bool": bool, "list": list,
                  "dict": dict, "tuple": tuple, ANSWER_TYPE_NAME: dict}
-
-
-class EarlyCompletion(RLMChatCompletion):
-    """A sub-call the authoritative run took from an early (speculative) call.
-
-    Its ``to_dict`` (what ``RLMLogger`` writes) adds ``"agentrt": {"early": true, "started_s",
-    "finished_s", "claimed_s", "hidden_s"}``, seconds on the environment's trace clock; ``hidden_s``
-    is the part of the call that ran before the code asked for it.
-    """
-
-    agentrt: dict[str, Any]
-
-    @classmethod
-    def of(cls, completion: RLMChatCompletion, timing: dict[str, Any]) -> EarlyCompletion:
-        early = cls(**{name: getattr(completion, name) for name in completion.__dataclass_fields__})
-        early.agentrt = {"early": True, **timing}
-        return early
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**super().to_dict(), "agentrt": self.agentrt}
-
-
-@dataclass
-class _Finished:
-    """One finished invocation of an LM tool: what it returned and the completions behind it."""
-
-    value: Any
-    completions: list[RLMChatCompletion]
-    started_s: float
-    finished_s: float
 
 
 @dataclass
@@ -160,8 +129,7 @@ class AgentrtREPL(NonIsolatedEnv):
         self._context_count = 0
         self._history_count = 0
         self._compaction_history: list[Any] = []
-        self._finished: dict[str, list[_Finished]] = {}
-        self._finished_lock = threading.Lock()
+        self._subcalls = SubCalls(self, self.trace.now)
         self._cell_calls: list[RLMChatCompletion] = []
         self._call_ids = 0
         self._turn = -1
@@ -175,7 +143,14 @@ class AgentrtREPL(NonIsolatedEnv):
         self._portal_cm: Any = None
         self._portal: anyio.from_thread.BlockingPortal | None = None
         self._closed = False
-        self._register_tools()
+        for tool in self._subcalls.tools.values():
+            self._registry.register(tool)
+        for name, entry in self.custom_tools.items():
+            tool = custom_tool(name, entry)
+            if tool is None:
+                self._pending_variables[name] = plain_value(name, extract_tool_value(entry))
+            else:
+                self._registry.register(tool)
         self.setup()
         if context_payload is not None:
             self.load_context(context_payload)
@@ -187,7 +162,7 @@ class AgentrtREPL(NonIsolatedEnv):
     def setup(self) -> None:
         """Start the event loop thread and, in the background, the sandbox (its start overlaps
         the root model's first response; the first cell waits for it)."""
-        self._portal_cm = anyio.from_thread.start_blocking_portal("asyncio", name="agentrt-rlm")
+        self._portal_cm = anyio.from_thread.start_blocking_portal("asyncio", name=_LOOP_THREAD)
         self._portal = self._portal_cm.__enter__()
         try:
             self._ready, self._stop = self._portal.call(lambda: (anyio.Event(), anyio.Event()))
@@ -267,6 +242,8 @@ class AgentrtREPL(NonIsolatedEnv):
         return False
 
     def __del__(self) -> None:
+        if threading.current_thread().name == _LOOP_THREAD:
+            return  # the loop cannot wait for itself; it owns the sandbox until it ends
         with contextlib.suppress(Exception):
             self.cleanup()
 
@@ -332,12 +309,7 @@ class AgentrtREPL(NonIsolatedEnv):
             raise RuntimeError("this agentrt environment was cleaned up")
 
     def _set_variable(self, name: str, value: Any) -> None:
-        try:
-            value = to_plain(value)
-        except NotPlainDataError as exc:
-            raise TypeError(f"the agentrt environment cannot bind {name!r}: {exc} (only plain "
-                            "data -- str, numbers, lists, dicts ... -- enters its sandbox)") from None
-        self._portal.call(self._bind, name, value)
+        self._portal.call(self._bind, name, plain_value(name, value))
 
     async def _bind(self, name: str, value: Any) -> None:
         if self._ready.is_set():
@@ -359,8 +331,7 @@ class AgentrtREPL(NonIsolatedEnv):
         self._streamed = None
         if self._spec is not None:
             await self._spec.end_turn()
-        with self._finished_lock:
-            self._finished.clear()  # results of early calls nobody claimed
+        self._subcalls.forget()  # results of early calls nobody claimed
         self.trace.emit("turn_finished", turn=self._turn)
 
     async def _begin_stream(self) -> None:
@@ -467,151 +438,19 @@ class AgentrtREPL(NonIsolatedEnv):
             claimed_s = self.trace.now()
             hit, value = await self._spec.claim(name, args, kwargs, block=block)
             if hit:
-                self._collect(name, args, kwargs, value, claimed_s)
+                self._take(name, args, kwargs, value, claimed_s)
                 return value
         self._call_ids += 1
         value = await traced_call(self._registry, self.trace, self.stats, name, args, kwargs,
                                   call_id=self._call_ids, mode="sync", turn=turn, block=block,
                                   lineno=line)
-        self._collect(name, args, kwargs, value, None)
+        self._take(name, args, kwargs, value, None)
         return value
 
-    def _collect(self, name: str, args: tuple, kwargs: dict, value: Any,
-                 claimed_s: float | None) -> None:
-        """Put the completions behind an LM tool's ``value`` into this cell's ``rlm_calls``."""
-        if name not in LM_TOOLS:
-            return
-        try:
-            key = self._registry.get(name).call_key(args, kwargs)
-        except Exception:
-            return
-        with self._finished_lock:
-            entries = self._finished.get(key, [])
-            entry = next((e for e in entries if e.value == value), entries[0] if entries else None)
-            if entry is None:
-                return
-            entries.remove(entry)
-        for completion in entry.completions:
-            if claimed_s is not None:
-                completion = EarlyCompletion.of(completion, {
-                    "started_s": entry.started_s, "finished_s": entry.finished_s,
-                    "claimed_s": claimed_s,
-                    "hidden_s": max(0.0, min(entry.finished_s, claimed_s) - entry.started_s)})
-            self._cell_calls.append(completion)
-
-    # -- tools -----------------------------------------------------------------------------------
-
-    def _register_tools(self) -> None:
-        for tool in self._lm_tools():
-            self._registry.register(tool)
-        for name, entry in self.custom_tools.items():
-            value = extract_tool_value(entry)
-            if not callable(value):
-                self._pending_variables[name] = _plain_tool_value(name, value)
-                continue
-            description = entry.get("description") if isinstance(entry, dict) else None
-            try:
-                if isinstance(value, Tool):  # a copy: its limiter belongs to this event loop
-                    tool = Tool(value.func, name=name, speculate=value.speculate,
-                                timeout=value.timeout, max_concurrency=value.max_concurrency,
-                                description=description or value.description)
-                else:
-                    tool = Tool(value, name=name, description=description)
-            except (TypeError, ValueError) as exc:
-                raise ValueError(f"custom tool {name!r} cannot be an agentrt tool: {exc}") \
-                    from None
-            self._registry.register(tool)
-
-    def _lm_tools(self) -> list[Tool]:
-        def llm_query(prompt: Any, model: str | None = None) -> str:
-            """A single sub-LLM completion (no REPL, no recursion)."""
-            return self._lm_call("llm_query", (prompt, model), lambda: self._ask(prompt, model))
-
-        def llm_query_batched(prompts: list[Any], model: str | None = None) -> list[str]:
-            """Several sub-LLM completions at once; replies in the order of the prompts."""
-            return self._lm_call("llm_query_batched", (prompts, model),
-                                 lambda: self._ask_batched(prompts, model))
-
-        def rlm_query(prompt: Any, model: str | None = None) -> str:
-            """A recursive RLM sub-call (a plain sub-LLM completion without recursion)."""
-            return self._lm_call("rlm_query", (prompt, model),
-                                 lambda: self._recurse(prompt, model))
-
-        def rlm_query_batched(prompts: list[Any], model: str | None = None) -> list[str]:
-            """Several recursive RLM sub-calls at once."""
-            return self._lm_call("rlm_query_batched", (prompts, model),
-                                 lambda: self._recurse_batched(prompts, model))
-
-        plain = self.subcall_fn is None  # without recursion rlm_query is a plain completion
-        return [Tool(llm_query, speculate=True), Tool(llm_query_batched, speculate=True),
-                Tool(rlm_query, speculate=plain), Tool(rlm_query_batched, speculate=plain)]
-
-    def _lm_call(self, name: str, args: tuple, run: Callable[[], tuple[Any, list]]) -> Any:
-        """Run an LM tool's body and keep its completions until a cell claims its value."""
-        started = self.trace.now()
-        value, completions = run()
-        try:
-            key = self._registry.get(name).call_key(args, {})
-        except Exception:  # arguments with no canonical form: no cell can claim this value
-            return value
-        with self._finished_lock:
-            self._finished.setdefault(key, []).append(
-                _Finished(value, completions, started, self.trace.now()))
-        return value
-
-    def _ask(self, prompt: Any, model: str | None) -> tuple[str, list]:
-        if not self.lm_handler_address:
-            return "Error: No LM handler configured", []
-        try:
-            response = send_lm_request(self.lm_handler_address,
-                                       LMRequest(prompt=prompt, model=model, depth=self.depth))
-        except Exception as exc:
-            return f"Error: LM query failed - {exc}", []
-        if not response.success:
-            return f"Error: {response.error}", []
-        return response.chat_completion.response, [response.chat_completion]
-
-    def _ask_batched(self, prompts: list[Any], model: str | None) -> tuple[list[str], list]:
-        if not self.lm_handler_address:
-            return ["Error: No LM handler configured"] * len(prompts), []
-        try:
-            responses = send_lm_request_batched(self.lm_handler_address, prompts, model=model,
-                                                depth=self.depth)
-        except Exception as exc:
-            return [f"Error: LM query failed - {exc}"] * len(prompts), []
-        replies, completions = [], []
-        for response in responses:
-            if response.success:
-                completions.append(response.chat_completion)
-                replies.append(response.chat_completion.response)
-            else:
-                replies.append(f"Error: {response.error}")
-        return replies, completions
-
-    def _recurse(self, prompt: Any, model: str | None) -> tuple[str, list]:
-        if self.subcall_fn is None:
-            return self._ask(prompt, model)
-        try:
-            completion = self.subcall_fn(prompt, model)
-        except Exception as exc:
-            return f"Error: RLM query failed - {exc}", []
-        return completion.response, [completion]
-
-    def _recurse_batched(self, prompts: list[Any], model: str | None) -> tuple[list[str], list]:
-        if self.subcall_fn is None:
-            return self._ask_batched(prompts, model)
-        workers = max(1, min(self.max_concurrent_subcalls, len(prompts)))
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            outcomes = list(pool.map(lambda p: self._recurse(p, model), prompts))
-        return [reply for reply, _ in outcomes], [c for _, calls in outcomes for c in calls]
-
-
-def _plain_tool_value(name: str, value: Any) -> Any:
-    try:
-        return to_plain(value)
-    except NotPlainDataError as exc:
-        raise TypeError(f"custom tool {name!r}: a value of type {type(value).__name__} cannot "
-                        f"enter the agentrt sandbox ({exc}); pass plain data or a callable") from None
+    def _take(self, name: str, args: tuple, kwargs: dict, value: Any,
+              claimed_s: float | None) -> None:
+        if name in SUB_CALLS:
+            self._cell_calls += self._subcalls.take(name, args, kwargs, value, claimed_s)
 
 
 def _preview(summary: VariableSummary) -> Any:
