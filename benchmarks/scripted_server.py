@@ -23,10 +23,12 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from agentrt.engine.replay import split_tokens
+
+from .oolong.server import _Handler as _OpenAIHandler
+from .oolong.server import _Server
 
 ROOT_MODEL = "scripted-root"
 SUB_MODEL = "scripted-sub"
@@ -79,6 +81,7 @@ class ScriptedServer:
     def __post_init__(self) -> None:
         self._lock = threading.Condition()
         self._httpd = _Server(("127.0.0.1", 0), type("Handler", (_Handler,), {"owner": self}))
+        self._httpd.daemon_threads = True
         self._thread: threading.Thread | None = None
 
     @property
@@ -158,24 +161,14 @@ class ScriptedServer:
         return waited
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    request_queue_size = 128
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        pass  # a client that hung up
-
-
 def _prompt_of(messages: list[dict[str, Any]]) -> str:
     return "\n".join(str(m.get("content", "")) for m in messages)
 
 
-class _Handler(BaseHTTPRequestHandler):
-    owner: ScriptedServer
-    protocol_version = "HTTP/1.1"
+class _Handler(_OpenAIHandler):
+    """The simulated sub-model's HTTP plumbing (SSE chunks, JSON replies), scripted replies."""
 
-    def log_message(self, format: str, *args: Any) -> None:
-        return None
+    owner: ScriptedServer
 
     def do_GET(self) -> None:
         if self.path.rstrip("/").endswith("/models"):
@@ -248,21 +241,6 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
-
-    def _event(self, payload: dict[str, Any]) -> None:
-        self._chunk(b"data: " + json.dumps(payload).encode() + b"\n\n")
-
-    def _chunk(self, data: bytes) -> None:
-        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
-        self.wfile.flush()
-
-    def _json(self, code: int, payload: dict[str, Any]) -> None:
-        data = json.dumps(payload).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:

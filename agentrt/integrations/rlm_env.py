@@ -181,12 +181,9 @@ class AgentrtREPL(NonIsolatedEnv):
                     context_index: int | None = None) -> int:
         """Bind ``context_<index>`` (and ``context`` for index 0); dicts and lists go through
         JSON, as in rlms' local REPL. Returns the index used."""
-        index = self._context_count if context_index is None else context_index
         value = context_payload if isinstance(context_payload, str) \
             else json.loads(json.dumps(context_payload))
-        self._set_variable(f"context_{index}", value)
-        if index == 0:
-            self._set_variable("context", value)
+        index = self._bind_versioned("context", value, context_index, self._context_count)
         self._context_count = max(self._context_count, index + 1)
         return index
 
@@ -196,11 +193,8 @@ class AgentrtREPL(NonIsolatedEnv):
     def add_history(self, message_history: list[dict[str, Any]],
                     history_index: int | None = None) -> int:
         """Bind a copy of a conversation as ``history_<index>`` (and ``history`` for index 0)."""
-        index = self._history_count if history_index is None else history_index
-        value = copy.deepcopy(message_history)
-        self._set_variable(f"history_{index}", value)
-        if index == 0:
-            self._set_variable("history", value)
+        index = self._bind_versioned("history", copy.deepcopy(message_history), history_index,
+                                     self._history_count)
         self._history_count = max(self._history_count, index + 1)
         return index
 
@@ -307,6 +301,14 @@ class AgentrtREPL(NonIsolatedEnv):
     def _check_open(self) -> None:
         if self._closed or self._portal is None:
             raise RuntimeError("this agentrt environment was cleaned up")
+
+    def _bind_versioned(self, base: str, value: Any, index: int | None, count: int) -> int:
+        """Bind ``<base>_<index>`` (the next index when None), and ``<base>`` for index 0."""
+        index = count if index is None else index
+        self._set_variable(f"{base}_{index}", value)
+        if index == 0:
+            self._set_variable(base, value)
+        return index
 
     def _set_variable(self, name: str, value: Any) -> None:
         self._portal.call(self._bind, name, plain_value(name, value))
