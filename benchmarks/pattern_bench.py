@@ -88,7 +88,11 @@ def compare(p: Pattern, tps: float, latency: float,
         "answer": repr(spec.answer)[:80],
     }
     if peer is not None:
-        row |= peer_row(seq, peer.run(job(p, tps, latency)))
+        try:
+            result = peer.run(job(p, tps, latency))
+        except PeerUnavailable as exc:  # the driver died: this row (and later ones) fail
+            result = {"error": str(exc)}
+        row |= peer_row(seq, result)
     return row | {"_traces": (seq.trace, spec.trace)}
 
 
