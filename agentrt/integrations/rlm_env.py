@@ -412,6 +412,8 @@ class AgentrtREPL(NonIsolatedEnv):
             self._spec.block_started(block)
         try:
             result = await repl.execute(code)
+            if self.compaction and result.error is None:  # rlms rebinds it after every cell
+                await repl.set_variable("history", self._compaction_history)
             summary = await repl.namespace_summary()
         except ReplError as exc:
             self.trace.emit("exec_finished", turn=self._turn, block=block,

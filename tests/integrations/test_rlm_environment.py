@@ -303,3 +303,21 @@ answer["ready"] = True
                 environment=env, max_depth=2, max_iterations=2)
             answers[env] = rlm.completion("the parent's context").response
     assert answers["agentrt"] == answers["local"] == "child said 42"
+
+
+def test_compaction_history_as_in_local():
+    from rlm.environments.local_repl import LocalREPL
+
+    cells = ["print(len(history))", "history = 'mine'\nprint(history)", "print(history)",
+             "print(history[0]['content'])"]
+    outputs = {}
+    for env in (LocalREPL(compaction=True), AgentrtREPL(compaction=True)):
+        try:
+            seen = [env.execute_code(cell).stdout for cell in cells[:3]]
+            env.append_compaction_entry({"type": "summary", "content": "so far"})
+            seen.append(env.execute_code(cells[3]).stdout)
+        finally:
+            env.cleanup()
+        outputs[type(env).__name__] = seen
+    assert outputs["AgentrtREPL"] == outputs["LocalREPL"] == ["0\n", "mine\n", "[]\n",
+                                                              "so far\n"]
