@@ -5,6 +5,12 @@ token rate, same tool latency) — speculation off, then on — checks that answ
 and errors are identical, and reports sequential wall, speculative wall, speedup, the overlap
 limit (see `benchmarks.overlap`), efficiency = limit / speculative wall, and hits / misses /
 wasted. Writes JSON, a markdown table and one timeline PNG per pattern.
+
+``--systems agentrt,spec-ptc`` also runs the peer, spec-ptc from PyPI (`benchmarks.peer`, in its
+own Python >= 3.12 virtualenv), on each pattern right after agentrt's two runs: same responses,
+same replay tokens and rate, same tools and latencies. Its wall time, its speedup over agentrt's
+sequential run and whether its answer, printed output and errors match that run go in the same
+rows. Without the peer's virtualenv a note says so and agentrt's rows still run.
 """
 
 from __future__ import annotations
@@ -20,8 +26,10 @@ from agentrt import Agent, ReplayEngine, RunResult
 
 from .overlap import generation_spans, overlap_limit
 from .patterns import Pattern, patterns, tool_list
+from .peer import PEER, PeerDriver, PeerUnavailable, job, peer_python
 
 RESULTS = Path(__file__).resolve().parent / "results"
+SYSTEMS = ("agentrt", PEER)
 
 
 def run_pattern(p: Pattern, speculation: bool, tps: float, latency: float) -> RunResult:
@@ -36,7 +44,28 @@ def outcome(r: RunResult) -> tuple:
     return (r.status, repr(r.answer), [(t.output, t.error) for t in r.turns])
 
 
-def compare(p: Pattern, tps: float, latency: float) -> dict[str, Any]:
+def peer_outcome(r: RunResult) -> tuple:
+    """What the peer's run must match: errors by their first line (``Type: message``)."""
+    return (r.status, repr(r.answer),
+            [[t.output, t.error.splitlines()[0] if t.error else None] for t in r.turns])
+
+
+def peer_row(seq: RunResult, result: dict[str, Any]) -> dict[str, Any]:
+    """The peer's columns of a row; a failed peer run is no speedup and not identical."""
+    if result.get("error"):
+        return {"peer_error": result["error"], "peer_identical": False}
+    same = (result["status"], result["answer"], result["turns"]) == peer_outcome(seq)
+    return {
+        "peer_s": result["wall_s"],
+        "peer_speedup": seq.wall_s / result["wall_s"] if same else None,
+        "peer_identical": same,
+        "peer_launched": result["launched"], "peer_hits": result["hits"],
+        "peer_misses": result["misses"], "peer_wasted": result["wasted"],
+    }
+
+
+def compare(p: Pattern, tps: float, latency: float,
+            peer: PeerDriver | None = None) -> dict[str, Any]:
     seq = run_pattern(p, False, tps, latency)
     spec = run_pattern(p, True, tps, latency)
     limit = overlap_limit(spec.trace, seq.trace)
@@ -58,6 +87,12 @@ def compare(p: Pattern, tps: float, latency: float) -> dict[str, Any]:
         "within_bound": spec.wall_s <= seq.wall_s * 1.05 + 0.05,
         "answer": repr(spec.answer)[:80],
     }
+    if peer is not None:
+        try:
+            result = peer.run(job(p, tps, latency))
+        except PeerUnavailable as exc:  # the driver died: this row (and later ones) fail
+            result = {"error": str(exc)}
+        row |= peer_row(seq, result)
     return row | {"_traces": (seq.trace, spec.trace)}
 
 
@@ -107,23 +142,62 @@ def _spans(trace) -> list[tuple[str, float, float, str]]:
     return rows
 
 
-def markdown(rows: list[dict], tps: float, latency: float) -> str:
-    lines = [
-        f"Replay at {tps:g} tok/s, tool latency {latency:g} s (x0.5..x2 per tool).",
-        "",
-        "| pattern | sequential s | speculative s | speedup | limit s | efficiency | launched | hits | misses | wasted | retracted | identical |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
+def _geomean(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def markdown(rows: list[dict], tps: float, latency: float, peer_note: str | None = None) -> str:
+    with_peer = any("peer_identical" in r for r in rows)
+    head = ("| pattern | sequential s | speculative s | speedup | limit s | efficiency | launched "
+            "| hits | misses | wasted | retracted | identical |")
+    if with_peer:
+        head += f" {PEER} s | {PEER} speedup | {PEER} hits / launched | {PEER} identical |"
+    lines = [f"Replay at {tps:g} tok/s, tool latency {latency:g} s (x0.5..x2 per tool).", "",
+             head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
-        lines.append(
+        line = (
             f"| {r['pattern']} | {r['sequential_s']:.2f} | {r['speculative_s']:.2f} | "
             f"{r['speedup']:.2f}x | {r['limit_s']:.2f} | {r['efficiency']:.2f} | "
             f"{r['launched']} | {r['hits']} | {r['misses']} | {r['wasted']} | {r['retracted']} | "
             f"{'yes' if r['identical'] else 'NO'} |"
         )
-    geo = math.exp(sum(math.log(r["efficiency"]) for r in rows) / len(rows))
-    lines += ["", f"Geometric-mean efficiency: {geo:.3f}"]
+        if with_peer:
+            line += _peer_cells(r)
+        lines.append(line)
+    lines += ["", f"Geometric-mean efficiency: {_geomean([r['efficiency'] for r in rows]):.3f}",
+              f"Geometric-mean speedup over sequential: agentrt "
+              f"{_geomean([r['speedup'] for r in rows]):.2f}x over all {len(rows)} patterns"]
+    if with_peer:
+        both = [r for r in rows if r.get("peer_speedup")]
+        if both:
+            lines[-1] += (f"; on the {len(both)} patterns {PEER} answered identically: agentrt "
+                          f"{_geomean([r['speedup'] for r in both]):.2f}x, {PEER} "
+                          f"{_geomean([r['peer_speedup'] for r in both]):.2f}x")
+        lines[-1] += (f" ({len(rows) - len(both)} where {PEER} differed or failed count as no "
+                      "speedup)")
+    if peer_note:
+        lines += ["", peer_note]
     return "\n".join(lines)
+
+
+def _peer_cells(r: dict[str, Any]) -> str:
+    if "peer_error" in r:
+        return f" - | - | - | failed: {r['peer_error'][:60]} |"
+    if "peer_s" not in r:
+        return " - | - | - | - |"
+    speedup = f"{r['peer_speedup']:.2f}x" if r["peer_speedup"] else "-"
+    return (f" {r['peer_s']:.2f} | {speedup} | {r['peer_hits']} / {r['peer_launched']} | "
+            f"{'yes' if r['peer_identical'] else 'NO'} |")
+
+
+def start_peer(systems: list[str]) -> tuple[PeerDriver | None, str | None]:
+    """The peer's driver when ``systems`` asks for it, else None; and a note when it can't run."""
+    if PEER not in systems:
+        return None, None
+    try:
+        return PeerDriver(peer_python()), None
+    except PeerUnavailable as exc:
+        return None, f"Note: {exc}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -133,29 +207,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="*", help="pattern names to run")
     parser.add_argument("--out", type=Path, default=RESULTS / "patterns")
     parser.add_argument("--no-plots", action="store_true")
+    parser.add_argument("--systems", default="agentrt",
+                        help=f"comma-separated, of {', '.join(SYSTEMS)}: {PEER} runs the peer from "
+                             "PyPI next to agentrt (agentrt always runs: its sequential run is the "
+                             "reference)")
     args = parser.parse_args(argv)
+    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    unknown = [s for s in systems if s not in SYSTEMS]
+    if unknown:
+        parser.error(f"unknown system(s) {unknown}; choose from {', '.join(SYSTEMS)}")
     args.out.mkdir(parents=True, exist_ok=True)
     chosen = [p for p in patterns() if not args.only or p.name in args.only]
     rows = []
     t0 = time.monotonic()
-    for i, p in enumerate(chosen, 1):
-        row = compare(p, args.tokens_per_second, args.latency)
-        seq_trace, spec_trace = row.pop("_traces")
-        if not args.no_plots:
-            plot_timeline(p.name, (seq_trace, spec_trace), args.out / f"{p.name}.png")
-        rows.append(row)
-        print(
-            f"[{i}/{len(chosen)}] {p.name:22} seq {row['sequential_s']:6.2f}s  spec "
-            f"{row['speculative_s']:6.2f}s  {row['speedup']:5.2f}x  limit {row['limit_s']:6.2f}s  "
-            f"eff {row['efficiency']:.2f}  hits {row['hits']:2} miss {row['misses']:2} "
-            f"waste {row['wasted']:2} retr {row['retracted']:2}  "
-            f"{'same' if row['identical'] else 'DIFFERENT'}",
-            flush=True,
-        )
-    table = markdown(rows, args.tokens_per_second, args.latency)
+    peer, peer_note = start_peer(systems)
+    if peer_note:
+        print(peer_note, flush=True)
+    try:
+        for i, p in enumerate(chosen, 1):
+            rows.append(_run_one(i, len(chosen), p, args, peer))
+    finally:
+        if peer is not None:
+            peer.close()
+    table = markdown(rows, args.tokens_per_second, args.latency, peer_note)
     (args.out / "patterns.md").write_text(table + "\n")
     (args.out / "patterns.json").write_text(json.dumps(
-        {"tokens_per_second": args.tokens_per_second, "latency": args.latency, "rows": rows}, indent=1
+        {"tokens_per_second": args.tokens_per_second, "latency": args.latency,
+         "systems": systems, "peer_note": peer_note, "rows": rows}, indent=1
     ))
     print("\n" + table)
     print(f"\nwrote {args.out} in {time.monotonic() - t0:.0f}s")
@@ -165,4 +243,28 @@ def main(argv: list[str] | None = None) -> int:
         print(f"NOT IDENTICAL: {different}")
     if slower:
         print(f"SLOWER than sequential x1.05 + 50 ms: {slower}")
+    peer_different = [r["pattern"] for r in rows if r.get("peer_identical") is False]
+    if peer_different:
+        print(f"{PEER} not identical to agentrt's sequential run (or failed): {peer_different}")
     return 1 if different or slower else 0
+
+
+def _run_one(i: int, n: int, p: Pattern, args: argparse.Namespace,
+             peer: PeerDriver | None) -> dict[str, Any]:
+    """Run and plot one pattern; print its line of progress."""
+    row = compare(p, args.tokens_per_second, args.latency, peer)
+    seq_trace, spec_trace = row.pop("_traces")
+    if not args.no_plots:
+        plot_timeline(p.name, (seq_trace, spec_trace), args.out / f"{p.name}.png")
+    line = (f"[{i}/{n}] {p.name:22} seq {row['sequential_s']:6.2f}s  spec "
+            f"{row['speculative_s']:6.2f}s  {row['speedup']:5.2f}x  limit {row['limit_s']:6.2f}s  "
+            f"eff {row['efficiency']:.2f}  hits {row['hits']:2} miss {row['misses']:2} "
+            f"waste {row['wasted']:2} retr {row['retracted']:2}  "
+            f"{'same' if row['identical'] else 'DIFFERENT'}")
+    if "peer_s" in row:
+        line += (f"  | {PEER} {row['peer_s']:6.2f}s "
+                 f"{'same' if row['peer_identical'] else 'DIFFERENT'}")
+    elif "peer_error" in row:
+        line += f"  | {PEER} failed: {row['peer_error'][:80]}"
+    print(line, flush=True)
+    return row

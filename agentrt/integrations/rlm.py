@@ -1,0 +1,130 @@
+"""The RLM library (``rlms``, ``pip install 'agentrt[rlm]'``) on agentrt: ``environment="agentrt"``.
+
+::
+
+    import agentrt.integrations.rlm          # registers the environment "agentrt"
+    from rlm import RLM
+
+    rlm = RLM(backend="openai",
+              backend_kwargs={"model_name": "my-model", "base_url": "http://localhost:8000/v1"},
+              environment="agentrt")
+    print(rlm.completion(context, root_prompt="How many ...?").response)
+
+The RLM then runs its root model's code in agentrt's sandbox (`AgentrtREPL`: RestrictedPython in
+worker processes inside the OS jail, with time and memory limits) instead of ``exec`` in its own
+process, and agentrt's shadow interpreter starts ``llm_query`` calls while the root is still
+streaming the code that makes them. Answers are the ones the RLM's ``"local"`` environment gives.
+
+rlms has no registry of environments (``get_environment`` is a fixed chain of names), so
+`register` (run on import; idempotent; `unregister` undoes it) wraps four names of the installed
+rlms:
+
+* ``rlm.environments.get_environment`` and the name ``rlm.core.rlm`` imported from it: the name
+  ``"agentrt"`` gives an `AgentrtREPL`, every other name what it gave before;
+* ``RLM._spawn_completion_context``: while the RLM sets up a completion, the environment gets the
+  RLM's recursion callback (``max_depth > 1``) and compaction flag as rlms gives them to
+  ``"local"``; during the completion the root model streams into the environment
+  (`agentrt.integrations.rlm_stream`);
+* ``RLM._validate_persistent_environment_support``: ``persistent=True`` is accepted for
+  ``"agentrt"``.
+
+Early calls show in the RLM's log: each sub-call of ``REPLResult.rlm_calls`` served by an early
+call is an `EarlyCompletion`, whose ``to_dict`` (``RLMLogger``'s JSON) carries
+``"agentrt": {"early": true, "hidden_s": ...}``; pass ``environment_kwargs={"trace": Trace()}``
+to keep agentrt's event timeline of the run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator
+from importlib import metadata
+from typing import Any
+
+try:
+    import rlm.core.rlm as _rlm_core
+    import rlm.environments as _rlm_envs
+    from rlm.environments import local_repl as _local_repl
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError("agentrt.integrations.rlm needs the RLM library: "
+                      "pip install 'agentrt[rlm]' (the PyPI package rlms)") from exc
+
+if not hasattr(_local_repl, "_AnswerDict"):  # pragma: no cover - older rlms
+    raise ImportError(f"agentrt.integrations.rlm supports rlms >= 0.1.3 (the `answer` dict "
+                      f"protocol); installed: rlms {metadata.version('rlms')}")
+
+from .rlm_env import AgentrtREPL
+from .rlm_stream import root_stream
+from .rlm_tools import EarlyCompletion
+
+ENVIRONMENT = "agentrt"
+"""The environment name to pass as ``RLM(environment=...)``."""
+
+_originals: dict[str, Any] = {}
+_spawning: contextvars.ContextVar[Any] = contextvars.ContextVar("agentrt_rlm_spawning",
+                                                                 default=None)
+
+
+def register() -> None:
+    """Make ``RLM(environment="agentrt")`` use `AgentrtREPL` (idempotent)."""
+    if _originals:
+        return
+    RLM = _rlm_core.RLM
+    _originals.update(
+        get_environment=_rlm_envs.get_environment,
+        spawn=RLM._spawn_completion_context,
+        validate=RLM._validate_persistent_environment_support,
+    )
+    _rlm_envs.get_environment = _get_environment
+    _rlm_core.get_environment = _get_environment
+    RLM._spawn_completion_context = _spawn_completion_context
+    RLM._validate_persistent_environment_support = _validate_persistence
+
+
+def unregister() -> None:
+    """Undo `register`."""
+    if not _originals:
+        return
+    RLM = _rlm_core.RLM
+    _rlm_envs.get_environment = _originals["get_environment"]
+    _rlm_core.get_environment = _originals["get_environment"]
+    RLM._spawn_completion_context = _originals["spawn"]
+    RLM._validate_persistent_environment_support = _originals["validate"]
+    _originals.clear()
+
+
+def _get_environment(environment: str, environment_kwargs: dict[str, Any]) -> Any:
+    if environment != ENVIRONMENT:
+        return _originals["get_environment"](environment, environment_kwargs)
+    kwargs = dict(environment_kwargs)
+    owner = _spawning.get()
+    if owner is not None:  # what rlms hands its own "local" environment
+        if owner.max_depth > 1:
+            kwargs.setdefault("subcall_fn", owner._subcall)
+        if owner.compaction:
+            kwargs.setdefault("compaction", True)
+    return AgentrtREPL(**kwargs)
+
+
+@contextlib.contextmanager
+def _spawn_completion_context(self: Any, prompt: Any) -> Iterator[tuple[Any, Any]]:
+    with contextlib.ExitStack() as stack:
+        token = _spawning.set(self)
+        try:
+            lm_handler, environment = stack.enter_context(_originals["spawn"](self, prompt))
+        finally:
+            _spawning.reset(token)
+        if isinstance(environment, AgentrtREPL):
+            stack.enter_context(root_stream(lm_handler, environment))
+        yield lm_handler, environment
+
+
+def _validate_persistence(self: Any) -> None:
+    if self.environment_type != ENVIRONMENT:
+        _originals["validate"](self)
+
+
+register()
+
+__all__ = ["AgentrtREPL", "ENVIRONMENT", "EarlyCompletion", "register", "unregister"]
