@@ -46,12 +46,12 @@ def job(pattern: Pattern, tokens_per_second: float, latency: float) -> dict[str,
             "tools": list(pattern.tools), "context": pattern.context}
 
 
-def oolong_job(task_id: str, response: str, context: str, tokens_per_second: float,
+def oolong_job(task_id: str, responses: list[str], context: str, tokens_per_second: float,
                sub_url: str, sub_model: str, sub_max_tokens: int | None = None) -> dict[str, Any]:
-    """An OOLONG task in replay mode: the root streams ``response``; ``llm_query`` asks the
-    sub-model at ``sub_url`` (the server root or its ``/v1`` URL)."""
+    """An OOLONG task in replay mode: the root streams ``responses``, one per turn;
+    ``llm_query`` asks the sub-model at ``sub_url`` (the server root or its ``/v1`` URL)."""
     url = sub_url.rstrip("/")
-    return {"pattern": task_id, "turns": [split_tokens(response)],
+    return {"pattern": task_id, "turns": [split_tokens(r) for r in responses],
             "tokens_per_second": tokens_per_second, "context": context,
             "sub_url": url if url.endswith("/v1") else f"{url}/v1", "sub_model": sub_model,
             "sub_max_tokens": sub_max_tokens}

@@ -35,7 +35,8 @@ from agentrt.llm_tools import make_llm_tools
 
 from .generate import generate, parse_sizes
 from .root_prompt import LeakError, check_no_leak, few_shot
-from .runs import ROOT_KINDS, SCRIPTED, Root, Setting, SubModel, isolate, run_one
+from .runs import (LOCAL_MODE, PEER_MODE, ROOT_KINDS, SCRIPTED, Root, Setting, SubModel,
+                   isolate, run_one)
 from .server import add_latency_arguments, check_simulatable, latency_cli_args, latency_from_args
 from .summary import any_speedup, markdown, size_label, summarise
 from .tasks import Task, TaskFileError, load_tasks, save_tasks
@@ -53,9 +54,12 @@ class BenchError(Exception):
     """A set-up problem reported to the user (exit status 2)."""
 
 
-def all_modes(engine: str) -> tuple[str, ...]:
+def all_modes(engine: str, harness: str = "agentrt", peer: bool = False) -> tuple[str, ...]:
+    """Every mode of a run, the base mode (the one speedups are taken over) first."""
     decodes = ("replay",) if engine == "replay" else DECODE_MODES
-    return tuple(f"{t}+{d}" for d in decodes for t in TOOL_MODES)
+    tools = (LOCAL_MODE, *TOOL_MODES) if harness == "rlm" else TOOL_MODES
+    modes = tuple(f"{t}+{d}" for d in decodes for t in tools)
+    return modes + ((f"{PEER_MODE}+replay",) if peer else ())
 
 
 # ------------------------------------------------------------------------------ set-up
@@ -100,6 +104,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default 2 for native, 0 for vllm/openai)")
     g.add_argument("--root-tps", default="160",
                    help="replay root: comma-separated token rates, one setting each")
+    g.add_argument("--harness", choices=("agentrt", "rlm"), default="agentrt",
+                   help="rlm: the stock RLM library (rlms) drives the root, with agentrt's REPL "
+                        "(sequential / speculative) or its own (local, the base mode); needs "
+                        "an HTTP root: --engine replay or openai")
+    g.add_argument("--peer", action="store_true",
+                   help="replay roots: also run the peer (spec-ptc, its virtualenv built by "
+                        ".ci/peer-venv.sh) on the same trajectories, pace and sub-model")
     g = p.add_argument_group("sub-model")
     g.add_argument("--sub", choices=("simulated", "native"), default="simulated")
     g.add_argument("--sub-base-url", help="any OpenAI-compatible /v1 URL (overrides --sub)")
@@ -179,6 +190,13 @@ def build_root(args, tasks: list[Task], styles: dict[str, str]) -> Root:
     spec = dict(parse_spec_config(args.spec_config) or {})
     kind = args.engine
     root = Root(kind)
+    if args.peer:
+        from ..peer import PeerDriver, PeerUnavailable, peer_python
+
+        try:
+            root.peer = PeerDriver(peer_python())
+        except PeerUnavailable as exc:
+            raise BenchError(str(exc)) from None
     if kind in ("native", "vllm", "openai"):
         count = LIVE_FEW_SHOT[kind] if args.few_shot is None else args.few_shot
         root.few_shot = {t.id: few_shot(t, styles[t.id], count) for t in tasks} if count else {}
@@ -211,6 +229,7 @@ def build_root(args, tasks: list[Task], styles: dict[str, str]) -> Root:
         model = args.model if args.model != "smollm2-135m" or not served else served[0]
         # The server decides its own decoding: both decoding modes use it as served.
         engine = OpenAIEngine(base_url=args.base_url, model=model)
+        root.served_model = model
         root.engines = {"plain": engine, "specdec": engine}
     return root
 
@@ -283,7 +302,8 @@ async def run_all(plan, root: Root, sub: SubModel, args, records: dict) -> None:
                     todo = [t for t in wave if (setting.tag, t.id, mode, repeat) not in records]
                     if not todo:
                         continue
-                    await isolate(root, mode.split("+")[1], todo, signatures)
+                    if args.harness == "agentrt":
+                        await isolate(root, mode.split("+")[1], todo, signatures)
 
                     async def one(task: Task, mode=mode, repeat=repeat, setting=setting) -> None:
                         record = await run_one(task, styles[task.id], mode, repeat, setting,
@@ -303,7 +323,11 @@ async def run_all(plan, root: Root, sub: SubModel, args, records: dict) -> None:
 # ------------------------------------------------------------------------------ main
 
 def _plan(args) -> tuple[list[Setting], list[Task], dict[str, str], list[str]]:
-    modes_all = all_modes(args.engine)
+    if args.harness == "rlm" and args.engine not in ("replay", "openai"):
+        raise BenchError("--harness rlm needs an HTTP root: --engine replay or --engine openai")
+    if args.peer and args.engine != "replay":
+        raise BenchError("--peer runs the peer on replayed trajectories: use --engine replay")
+    modes_all = all_modes(args.engine, args.harness, args.peer)
     modes = ([m.strip() for m in args.modes.split(",") if m.strip()] if args.modes
              else list(modes_all))
     bad = [m for m in modes if m not in modes_all]
@@ -395,10 +419,12 @@ def main(argv: list[str] | None = None) -> int:
             close = getattr(engine, "close", None)
             if close is not None:
                 close()
+        if root.peer is not None:
+            root.peer.close()
     report = write_report(args, settings, tasks, modes, root, sub, records)
     print("\n" + report)
     print(f"\nwrote {args.out} in {time.monotonic() - started:.0f}s")
-    measured = [s for s in report_summaries(settings, tasks, modes, records)
+    measured = [s for s in report_summaries(settings, tasks, modes, records, args.harness)
                 if any_speedup(s[1])]
     if not measured:
         print("error: no speedup could be measured (no task succeeded in the base mode and "
@@ -407,15 +433,18 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def report_summaries(settings, tasks, modes, records) -> list[tuple[Setting, dict]]:
+def report_summaries(settings, tasks, modes, records, harness: str = "agentrt"
+                     ) -> list[tuple[Setting, dict]]:
     from ..overlap import overlap_limit
     from .plots import as_trace
+
+    def limit(spec, seq):  # the overlap model reads agentrt's own loop's traces
+        return overlap_limit(as_trace(spec), as_trace(seq))
 
     out = []
     for s in settings:
         recs = [r for (tag, *_), r in records.items() if tag == s.tag]
-        summary = summarise(recs, modes, modes[0],
-                            limit=lambda spec, seq: overlap_limit(as_trace(spec), as_trace(seq)))
+        summary = summarise(recs, modes, modes[0], limit=limit if harness == "agentrt" else None)
         out.append((s, summary))
     return out
 
@@ -423,7 +452,7 @@ def report_summaries(settings, tasks, modes, records) -> list[tuple[Setting, dic
 def write_report(args, settings, tasks, modes, root: Root, sub: SubModel, records) -> str:
     from .plots import plot_root_speed, plot_timeline
 
-    summaries = report_summaries(settings, tasks, modes, records)
+    summaries = report_summaries(settings, tasks, modes, records, args.harness)
     few = {len(v) // 2 for v in root.few_shot.values()} or {0}
     root_desc = {"forced": "reference trajectories through the native engine by teacher forcing",
                  "replay": "reference trajectories streamed at a fixed rate"}.get(

@@ -15,6 +15,7 @@ mode starts from the same engine state.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -79,6 +80,10 @@ class Root:
     replay, which makes a fresh engine per run."""
     few_shot: dict[str, list] = field(default_factory=dict)
     """Few-shot turns per task id (live roots only)."""
+    served_model: str = ""
+    """``--engine openai``: the model name the server serves."""
+    peer: Any = None
+    """The peer's driver (`benchmarks.peer.PeerDriver`), with ``--peer``."""
 
     def engine_for(self, task: Task, style: str, decode: str, setting: Setting) -> Engine:
         if self.kind == "replay":
@@ -141,9 +146,53 @@ def engine_counters(before: Any, after: Any) -> tuple[float | None, int, float]:
     return tau, after.generated_tokens - before.generated_tokens, after.wall_s - before.wall_s
 
 
+PEER_MODE = "spec-ptc"
+LOCAL_MODE = "local"
+"""Tool modes besides sequential / speculative: the peer (replay roots, ``--peer``) and, under
+``--harness rlm``, the RLM library's own ``exec`` REPL (the baseline there)."""
+
+
+def _digest(value: Any) -> str:
+    import hashlib
+
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=repr).encode()).hexdigest()[:16]
+
+
+def _record(task: Task, style: str, mode: str, repeat: int, setting: Setting, root: Root,
+            started: float, *, answer: Any, status: str, error: str | None, wall_s: float,
+            calls: list | None, stats: dict[str, Any], turns: list[dict[str, Any]],
+            code: str = "", trace: dict[str, Any] | None = None, tau: float | None = None,
+            tokens: int = 0, gen_s: float = 0.0) -> dict[str, Any]:
+    """A run's record: what the summary and the trace files use."""
+    answer = None if answer is None else str(answer)
+    return {
+        "setting": setting.tag, "started": started, "task": task.id, "type": task.task,
+        "style": style, "context_tokens": task.context_tokens, "mode": mode, "repeat": repeat,
+        "answer": answer, "gold": task.answer, "answer_type": task.answer_type,
+        "score": score(answer, task.answer, task.answer_type) if answer is not None else 0.0,
+        "status": status, "error": error, "wall_s": wall_s,
+        "code_ok": bool(turns) and all(t.get("error") is None for t in turns),
+        "shape": SHAPE[style] if root.kind in SCRIPTED else shape_of(code),
+        "turns_n": len(turns), "tau": tau, "tokens": tokens,
+        "tok_s": tokens / gen_s if tokens > 0 and gen_s > 0 else None,
+        "calls": calls, "stats": stats, "turns": turns, "trace": trace or {"events": []},
+    }
+
+
 async def run_one(task: Task, style: str, mode: str, repeat: int, setting: Setting, root: Root,
                   sub: SubModel, args: Any) -> dict[str, Any]:
-    """Run ``task`` once in ``mode``; the record the summary and the trace files use."""
+    """Run ``task`` once in ``mode``; its record."""
+    tools_mode = mode.split("+")[0]
+    if tools_mode == PEER_MODE:
+        return await _run_peer(task, style, mode, repeat, setting, root, sub, args)
+    if args.harness == "rlm":
+        return await _run_rlm(task, style, mode, repeat, setting, root, sub, args)
+    return await _run_agent(task, style, mode, repeat, setting, root, sub, args)
+
+
+async def _run_agent(task: Task, style: str, mode: str, repeat: int, setting: Setting,
+                     root: Root, sub: SubModel, args: Any) -> dict[str, Any]:
+    """One run of agentrt's own loop."""
     tools_mode, decode = mode.split("+")
     engine = root.engine_for(task, style, decode, setting)
     sub_engine = sub.make_engine()
@@ -169,21 +218,72 @@ async def run_one(task: Task, style: str, mode: str, repeat: int, setting: Setti
 
         tokens = sum(len(split_tokens(t.response)) for t in result.turns)
         gen_s = sum(end - start for start, end in generation_spans(result.trace).values())
-    answer = None if result.answer is None else str(result.answer)
-    code = "\n".join(t.code for t in result.turns)
-    return {
-        "setting": setting.tag, "started": started, "task": task.id, "type": task.task, "style": style,
-        "context_tokens": task.context_tokens, "mode": mode, "repeat": repeat,
-        "answer": answer, "gold": task.answer, "answer_type": task.answer_type,
-        "score": score(answer, task.answer, task.answer_type) if answer is not None else 0.0,
-        "status": result.status, "error": result.error, "wall_s": result.wall_s,
-        "code_ok": bool(result.turns) and any(t.blocks for t in result.turns)
-                   and all(b.error is None for t in result.turns for b in t.blocks),
-        "shape": SHAPE[style] if root.kind in SCRIPTED else shape_of(code),
-        "turns_n": len(result.turns), "tau": tau, "tokens": tokens,
-        "tok_s": tokens / gen_s if tokens > 0 and gen_s > 0 else None,
-        "stats": result.stats.to_dict(),
-        "turns": [{"response": t.response, "output": t.output, "error": t.error}
-                  for t in result.turns],
-        "trace": result.trace.to_dict(),
-    }
+    calls = [[e.data["tool"], e.data["args"], e.data["result"], e.data["error"]]
+             for e in result.trace.of("program_call")]
+    return _record(task, style, mode, repeat, setting, root, started, answer=result.answer,
+                   status=result.status, error=result.error, wall_s=result.wall_s, calls=calls,
+                   stats=result.stats.to_dict(),
+                   turns=[{"response": t.response, "output": t.output, "error": t.error}
+                          for t in result.turns],
+                   code="\n".join(t.code for t in result.turns), trace=result.trace.to_dict(),
+                   tau=tau, tokens=tokens, gen_s=gen_s)
+
+
+async def _run_rlm(task: Task, style: str, mode: str, repeat: int, setting: Setting,
+                   root: Root, sub: SubModel, args: Any) -> dict[str, Any]:
+    """One run under the stock RLM harness (``rlms``), its REPL agentrt's or its own."""
+    import contextlib
+    import functools
+
+    import anyio
+
+    from .rlm_harness import ROOT_MODEL, run_rlm_task, scripted_root
+
+    tools_mode = mode.split("+")[0]
+    started = time.time()
+    with contextlib.ExitStack() as stack:
+        if root.kind == "replay":
+            server = stack.enter_context(scripted_root(task, style, setting.root_tps))
+            root_url, root_model = server.url, ROOT_MODEL
+        else:
+            root_url, root_model = args.base_url, root.served_model
+        run = await anyio.to_thread.run_sync(functools.partial(
+            run_rlm_task, task, root_url=root_url, root_model=root_model, sub_url=sub.url,
+            sub_model=sub.model, environment="local" if tools_mode == LOCAL_MODE else "agentrt",
+            speculation=tools_mode == "speculative", max_turns=args.max_turns,
+            sub_max_tokens=args.sub_max_tokens, temperature=args.temperature))
+    calls, turns, code = [], [], []
+    for it in run.iterations:
+        for block in it.get("code_blocks", []):
+            result = block.get("result", {})
+            code.append(block.get("code", ""))
+            turns.append({"response": it.get("response", ""), "output": result.get("stdout", ""),
+                          "error": result.get("stderr") or None})
+            calls += [["llm_query", _digest(c.get("prompt")), _digest(c.get("response")), None]
+                      for c in result.get("rlm_calls", [])]
+    stats = run.stats.to_dict()
+    return _record(task, style, mode, repeat, setting, root, started, answer=run.answer,
+                   status=run.status, error=run.error, wall_s=run.wall_s, calls=calls,
+                   stats=stats, turns=turns, code="\n".join(code), trace=run.trace.to_dict())
+
+
+async def _run_peer(task: Task, style: str, mode: str, repeat: int, setting: Setting,
+                    root: Root, sub: SubModel, args: Any) -> dict[str, Any]:
+    """One run of the peer (spec-ptc) on the same trajectory, stream pace and sub-model."""
+    import anyio
+
+    from ..peer import oolong_job
+
+    started = time.time()
+    result = await anyio.to_thread.run_sync(root.peer.run, oolong_job(
+        task.id, trajectory(task, style), task.context, setting.root_tps, sub.url, sub.model,
+        args.sub_max_tokens))
+    error = result.get("error")
+    status = "error" if error else result.get("status", "error")
+    return _record(task, style, mode, repeat, setting, root, started,
+                   answer=result.get("answer_text"), status=status, error=error,
+                   wall_s=result.get("wall_s") or 0.0, calls=None,
+                   stats={"hits": result.get("hits", 0), "wasted": result.get("wasted", 0),
+                          "launched": result.get("launched", 0)},
+                   turns=[{"response": "", "output": out, "error": err}
+                          for out, err in result.get("turns", [])])

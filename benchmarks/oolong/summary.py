@@ -96,25 +96,27 @@ def speedups(by_task: dict[str, dict[str, list[Record]]], mode: str, base_mode: 
     return pairs
 
 
-def call_list(record: Record) -> list[tuple]:
-    """The run's tool calls in program order: (tool, arguments digest, result digest, error)."""
-    return [(e["data"]["tool"], e["data"]["args"], e["data"]["result"], e["data"]["error"])
-            for e in record["trace"]["events"] if e["kind"] == "program_call"]
+def call_list(record: Record) -> list[tuple] | None:
+    """The run's tool calls in program order, (tool, arguments digest, result digest, error);
+    None when the system that ran it does not record them (the peer)."""
+    calls = record.get("calls")
+    return None if calls is None else [tuple(c) for c in calls]
 
 
 def identity(runs: dict[str, list[Record]]) -> tuple[bool, str | None]:
-    """Whether every run of a task succeeded with the same answer and tool calls, and if not,
-    why (the first difference)."""
+    """Whether every run of a task succeeded with the same answer and the same tool calls (among
+    the runs that record them), and if not, why (the first difference)."""
     flat = [(mode, r) for mode, rs in runs.items() for r in rs]
     for mode, r in flat:
         if not succeeded(r):
             return False, f"{mode} repeat {r['repeat']} failed ({failure(r)})"
     mode0, first = flat[0]
-    calls0 = call_list(first)
     for mode, r in flat[1:]:
         if r["answer"] != first["answer"]:
-            return False, (f"answer {r['answer']!r} ({mode}) != {first['answer']!r} ({mode0})")
-        calls = call_list(r)
+            return False, f"answer {r['answer']!r} ({mode}) != {first['answer']!r} ({mode0})"
+    recorded = [(mode, calls) for mode, r in flat if (calls := call_list(r)) is not None]
+    for mode, calls in recorded[1:]:
+        mode0, calls0 = recorded[0]
         if calls != calls0:
             at = next((i for i, (a, b) in enumerate(zip(calls, calls0)) if a != b),
                       min(len(calls), len(calls0)))
@@ -162,13 +164,13 @@ def summarise(records: Sequence[Record], modes: Sequence[str], base_mode: str,
         per_task = [task_speedup(b, m) for b, m in pairs]
         ci = bootstrap_ci(pairs) if mode != base_mode else None
         limits, effs = [], []
-        if limit is not None and mode != base_mode:
-            twin = base_mode.split("+")[0] + "+" + mode.split("+")[1]
+        if limit is not None and mode.startswith("speculative+"):
+            twin = "sequential+" + mode.split("+")[1]
             for task, task_runs in by_task.items():
                 for r in task_runs.get(mode, []):
                     seq = next((s for s in task_runs.get(twin, [])
                                 if s["repeat"] == r["repeat"] and succeeded(s)), None)
-                    if seq is not None and succeeded(r) and mode.startswith("speculative+"):
+                    if seq is not None and succeeded(r):
                         value = limit(r, seq)
                         limits.append(value)
                         effs.append(value / r["wall_s"])

@@ -92,8 +92,8 @@ for prompt in prompts:
 
 _COLLECT = '''\
 labels = []
-for chunk, answer in zip(chunks, answers):
-    got = [a.strip() for a in answer.strip().split("\\n") if a.strip()]
+for chunk, reply in zip(chunks, answers):
+    got = [a.strip() for a in reply.strip().split("\\n") if a.strip()]
     labels += got[:len(chunk)] + ["unknown"] * (len(chunk) - len(got))
 counts = {{}}
 for label in labels:
@@ -178,7 +178,7 @@ def _per_month() -> str:
 
 
 def aggregate(spec: QuestionSpec, label_set: Sequence[str]) -> str:
-    """Python that computes ``answer`` (the final answer, in the form the question asks for)
+    """Python that computes ``final_answer`` (the final answer, in the form the question asks for)
     from ``labels`` (one per record) and ``rows`` (``(date, user, label)``)."""
     k = spec.kind
     a = _s(spec.labels[0]) if spec.labels else None
@@ -191,31 +191,31 @@ def aggregate(spec: QuestionSpec, label_set: Sequence[str]) -> str:
                        "for label in scoped_labels:\n"
                        "    if label in counts:\n"
                        "        counts[label] = counts[label] + 1\n"
-                       f'answer = "Label: " + {pick}(counts, key=counts.get)\n')
+                       f'final_answer = "Label: " + {pick}(counts, key=counts.get)\n')
     if k == "label_vs_label":
         return code + (f"x, y = scoped_labels.count({a}), scoped_labels.count({b})\n"
                        'relation = "more common than" if x > y else "less common than" if x < y '
                        'else "same frequency as"\n'
-                       f'answer = "Answer: " + {a} + " is " + relation + " " + {b}\n')
+                       f'final_answer = "Answer: " + {a} + " is " + relation + " " + {b}\n')
     if k == "label_count":
-        return code + f'answer = "Answer: " + str(scoped_labels.count({a}))\n'
+        return code + f'final_answer = "Answer: " + str(scoped_labels.count({a}))\n'
     if k in ("most_common_user", "second_most_common_user", "user_most_label"):
         where = f"l == {a}" if k == "user_most_label" else ""
         rank = 1 if k.startswith("second") else 0
-        return code + _ranked("u", where) + f'answer = "User: " + ranked[{rank}]\n'
+        return code + _ranked("u", where) + f'final_answer = "User: " + ranked[{rank}]\n'
     if k == "user_vs_user_label":
         u, v = spec.users
         return code + (f"x = sum(1 for d, u, l in scoped if u == {_s(u)} and l == {a})\n"
                        f"y = sum(1 for d, u, l in scoped if u == {_s(v)} and l == {a})\n"
-                       f'answer = "User: " + ({_s(u)} if x > y else {_s(v)})\n')
+                       f'final_answer = "User: " + ({_s(u)} if x > y else {_s(v)})\n')
     if k in ("most_common_date", "second_most_common_date"):
         rank = 1 if k.startswith("second") else 0
         return code + _ranked("d") + (
             f"best = ranked[{rank}]\n"
-            'answer = f"Date: {best.month:02d}/{best.day:02d}/{best.year}"\n')
+            'final_answer = f"Date: {best.month:02d}/{best.day:02d}/{best.year}"\n')
     if k == "dates_with_count":
         return code + _ranked("d") + (
-            f'answer = "Answer: " + str(sum(1 for n in counts.values() if n == {spec.count}))\n')
+            f'final_answer = "Answer: " + str(sum(1 for n in counts.values() if n == {spec.count}))\n')
     if k == "label_before_after":
         return code + (f"cut = {_date(spec.date)}\n"
                        "before = [l for d, u, l in scoped if d < cut]\n"
@@ -224,21 +224,21 @@ def aggregate(spec: QuestionSpec, label_set: Sequence[str]) -> str:
                        f"y = after.count({a}) * len(before)\n"
                        'relation = "more common" if x > y else "less common" if x < y '
                        'else "the same frequency"\n'
-                       f'answer = "Answer: " + {a} + " is " + relation + " before '
+                       f'final_answer = "Answer: " + {a} + " is " + relation + " before '
                        f'{spec.date.isoformat()}"\n')
     code += _per_month()
     if k == "first_month_a_beats_b":
         return code + (f"year, month = min(m for m, c in per_month.items() "
                        f"if c.get({a}, 0) > c.get({b}, 0))\n"
                        f"month_names = {list(_MONTHS)!r}\n"
-                       'answer = "Answer: " + month_names[month - 1] + " " + str(year)\n')
+                       'final_answer = "Answer: " + month_names[month - 1] + " " + str(year)\n')
     if k == "months_a_beats_b":
         return code + (f"count = sum(1 for c in per_month.values() if c.get({a}, 0) > c.get({b}, 0))\n"
-                       'answer = "Answer: " + str(count)\n')
+                       'final_answer = "Answer: " + str(count)\n')
     if k == "months_label_most_common":
         return code + (f"count = sum(1 for c in per_month.values() if all(c.get({a}, 0) > n "
                        f"for l, n in c.items() if l != {a}))\n"
-                       'answer = "Answer: " + str(count)\n')
+                       'final_answer = "Answer: " + str(count)\n')
     raise AssertionError(f"no aggregation for {k!r}")  # parse_question knows no other kinds
 
 
@@ -260,7 +260,7 @@ def trajectory(task: Task, style: str) -> list[str]:
     rows = _ROWS if _needs_rows(spec) else ""
     if style in ("small", "small-batched"):
         head = _SMALL_HEAD if style == "small" else _SMALL_BATCHED_HEAD
-        code = head.format(ask=ask, chunk=SMALL_CHUNK) + rows + aggregate(spec, task.labels) + "FINAL(answer)\n"
+        code = head.format(ask=ask, chunk=SMALL_CHUNK) + rows + aggregate(spec, task.labels) + "FINAL(final_answer)\n"
         return [_fence("I will ask the sub-model for the category of every line, "
                        f"{SMALL_CHUNK} lines at a time, then count in Python.", code)]
     calls = (_BATCHED_CALLS.format(width=BATCH_WIDTH) if style == "batched" else _LOOP_CALLS)
@@ -274,8 +274,8 @@ def trajectory(task: Task, style: str) -> list[str]:
                "answer from the labels in Python and print it; (3) submit it.",
                _CHUNKS.format(ask=ask) + calls + _COLLECT.format()),
         _fence("Every record has a label. Now the answer to the query.",
-               rows + aggregate(spec, task.labels) + "print(answer)\n"),
-        _fence("The answer above is in the requested form; submitting it.", "FINAL(answer)\n"),
+               rows + aggregate(spec, task.labels) + "print(final_answer)\n"),
+        _fence("The answer above is in the requested form; submitting it.", "FINAL(final_answer)\n"),
     ]
 
 

@@ -92,13 +92,12 @@ def test_failed_runs_never_make_a_speedup_or_an_identity(tmp_path, capsys):
     assert "no FINAL within the turn limit" in next(iter(setting["failures"]))
 
 
-def _record(task, mode, repeat, wall, status="final", answer="A", calls=(("q", "a", "r"),)):
-    events = [{"t": 0.0, "kind": "program_call",
-               "data": {"tool": t, "args": a, "result": r, "error": None}} for t, a, r in calls]
+def _record(task, mode, repeat, wall, status="final", answer="A", calls=(("q", "a", "r", None),)):
     return {"task": task, "mode": mode, "repeat": repeat, "wall_s": wall, "status": status,
             "error": "boom" if status == "error" else None, "answer": answer, "score": 1.0,
             "context_tokens": 4096, "shape": "batched", "turns_n": 4, "tau": None,
-            "tok_s": None, "stats": {}, "trace": {"events": events}}
+            "tok_s": None, "stats": {}, "calls": None if calls is None else list(calls),
+            "trace": {"events": []}}
 
 
 def test_accounting_excludes_failed_runs_and_compares_tool_calls():
@@ -113,15 +112,18 @@ def test_accounting_excludes_failed_runs_and_compares_tool_calls():
         _record("t3", modes[0], 0, 9.0, status="max_turns", answer=None),
         _record("t3", modes[1], 0, 1.0),
         # t4: same answer, different tool-call results: not identical
-        _record("t4", modes[0], 0, 6.0), _record("t4", modes[1], 0, 3.0, calls=(("q", "a", "x"),)),
+        _record("t4", modes[0], 0, 6.0),
+        _record("t4", modes[1], 0, 3.0, calls=(("q", "a", "x", None),)),
+        # t5: a system that records no tool calls (the peer) is compared by answer only
+        _record("t5", modes[0], 0, 4.0), _record("t5", modes[1], 0, 2.0, calls=None),
     ]
     s = summarise(recs, modes, modes[0])
     row = s["modes"][modes[1]]
-    assert row["failed"] == 1 and row["runs"] == 5
-    assert row["tasks"] == 3  # t1 2x, t2 4x (the failed 1.0 s run is not in it), t4 2x
+    assert row["failed"] == 1 and row["runs"] == 6
+    assert row["tasks"] == 4  # t1 2x, t2 4x (the failed 1.0 s run is not in it), t4 2x, t5 2x
     assert row["speedup"] == 2.0
     assert s["modes"][modes[0]]["failed"] == 1
-    assert s["identical"] == 1 and s["compared"] == 2
+    assert s["identical"] == 2 and s["compared"] == 3
     assert [d["task"] for d in s["differing"]] == ["t4"]
     assert "tool calls differ from call 0" in s["differing"][0]["why"]
     assert {d["task"] for d in s["incomplete"]} == {"t2", "t3"}
@@ -181,6 +183,40 @@ def test_served_root_through_the_same_runner(tmp_path):
     assert "Query: " + task.question in bodies[2]["messages"][-1]["content"]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["few_shot"] == 0 and "cannot reset" in summary["isolation"]
+
+
+def test_rlm_harness_and_the_peer_through_the_runner(tmp_path):
+    """``--harness rlm``: the stock RLM library drives the root, its own REPL (``local``, the
+    base) beside agentrt's; ``--peer``: spec-ptc on the same trajectories, pace and sub-model."""
+    pytest.importorskip("rlm", reason="the RLM library is not installed (pip install 'agentrt[rlm]')")
+    out = tmp_path / "rlm"
+    assert bench.main(["--sizes", "1k", "--per-size", "2", "--repeats", "1", "--harness", "rlm",
+                       "--styles", "batched,small", "--out", str(out), *FAST]) == 0
+    (setting,) = json.loads((out / "summary.json").read_text())["settings"]
+    assert list(setting["modes"]) == ["local+replay", "sequential+replay", "speculative+replay"]
+    assert all(row["failed"] == 0 for row in setting["modes"].values())
+    assert setting["identical"] == setting["compared"] == 2
+    records = _records(out)
+    assert all(r["calls"] for r in records)  # every environment's sub-calls, from RLM's own log
+    from benchmarks.peer import PeerUnavailable, peer_python
+
+    try:
+        peer_python()
+    except PeerUnavailable as exc:
+        pytest.skip(str(exc))
+    out = tmp_path / "peer"
+    assert bench.main(["--sizes", "1k", "--per-size", "1", "--repeats", "1", "--peer",
+                       "--styles", "batched", "--out", str(out), *FAST]) == 0
+    (setting,) = json.loads((out / "summary.json").read_text())["settings"]
+    assert setting["modes"]["spec-ptc+replay"]["failed"] == 0
+    assert setting["identical"] == setting["compared"] == 1
+
+
+def test_harness_and_peer_need_an_http_or_replayed_root(tmp_path, capsys):
+    assert bench.main(["--harness", "rlm", "--engine", "forced", "--out", str(tmp_path)]) == 2
+    assert "--harness rlm needs an HTTP root" in capsys.readouterr().err
+    assert bench.main(["--peer", "--engine", "forced", "--out", str(tmp_path)]) == 2
+    assert "use --engine replay" in capsys.readouterr().err
 
 
 def test_malformed_task_file_and_unreachable_sub_model(tmp_path, capsys):

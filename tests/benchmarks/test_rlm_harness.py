@@ -32,7 +32,7 @@ def test_same_answer_under_local_and_agentrt():
     runs = {}
     with SimulatedSubModel(Oracle.from_tasks([task]), FAST) as sub:
         for environment in ("local", "agentrt"):
-            with scripted_root(task, "loop", tokens_per_second=800) as root:
+            with scripted_root(task, "small", tokens_per_second=800) as root:
                 runs[environment] = run_rlm_task(
                     task, root_url=root.url, root_model=ROOT_MODEL, sub_url=sub.url,
                     sub_model=MODEL_NAME, environment=environment)
