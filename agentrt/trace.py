@@ -133,9 +133,9 @@ def chrome_trace(trace: Trace, name: str = "agentrt run") -> dict[str, Any]:
     for event in events:
         kind, data = event.kind, event.data
         if kind == "run_started":
-            open_spans["run"] = event
+            open_spans["run",] = event
         elif kind == "run_finished":
-            span("run", "run", open_spans.pop("run", event), event)
+            span("run", "run", open_spans.pop(("run",), event), event)
         elif kind == "turn_started":
             open_spans["turn", data.get("turn")] = event
             chars = 0
