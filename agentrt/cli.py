@@ -15,14 +15,19 @@ from . import __version__
 from .engines import ENGINE_KINDS, EngineOptions, make_engine, parse_spec_config
 
 
-def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options that select a backend (shared with the benchmark runner)."""
-    parser.add_argument("--engine", choices=ENGINE_KINDS, default="native")
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options that pick a model and its decoding (``run`` and ``serve``)."""
     parser.add_argument("--model", default="smollm2-135m",
                         help="a pulled model name or a local Hugging Face model directory")
     parser.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"))
-    parser.add_argument("--base-url", help="for --engine openai: the server's /v1 URL")
     parser.add_argument("--spec-config", help="speculative decoding settings as a JSON object")
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options that select a backend (shared with the benchmark runner)."""
+    parser.add_argument("--engine", choices=ENGINE_KINDS, default="native")
+    add_model_arguments(parser)
+    parser.add_argument("--base-url", help="for --engine openai: the server's /v1 URL")
     parser.add_argument("--replay-file", help="for --engine replay: JSON list of responses")
     parser.add_argument("--tokens-per-second", type=float, default=50.0,
                         help="for --engine replay: streaming rate")
@@ -189,13 +194,10 @@ def build_parser() -> argparse.ArgumentParser:
     srv = sub.add_parser("serve", help="an OpenAI-compatible server over the native engine")
     srv.add_argument("--host", default="127.0.0.1")
     srv.add_argument("--port", type=int, default=8000)
-    srv.add_argument("--model", default="smollm2-135m",
-                     help="a pulled model name or a local Hugging Face model directory")
+    add_model_arguments(srv)
     srv.add_argument("--served-model-name", help="the name clients ask for (default: --model)")
-    srv.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"))
     srv.add_argument("--precision", default="exact", choices=("exact", "int8"),
                      help="int8: faster CPU decode, logits close to but not equal to exact")
-    srv.add_argument("--spec-config", help="speculative decoding settings as a JSON object")
     srv.add_argument("--max-seq-len", type=int, default=4096)
     srv.add_argument("--seed", type=int, help="seeds requests that send no seed")
     srv.set_defaults(func=_cmd_serve)
