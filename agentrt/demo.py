@@ -18,6 +18,7 @@ import anyio
 
 from agentrt.engine import SamplingParams
 
+from . import prompts
 from .agent import Agent
 from .results import RunResult
 from .trace import Event
@@ -63,10 +64,16 @@ def _live_printer(label: str):
     return on_event
 
 
-async def _warm_up(engine) -> None:
+async def _warm_up(engine, agent: Agent) -> None:
+    """Start the engine (weights, step-cost measurement) and cache the agent's fixed prompt
+    prefix (system prompt and example exchange), as an engine has after an agent's first task.
+    The task itself is not sent."""
     from agentrt.engine import complete
 
-    await complete(engine, [{"role": "user", "content": "Hi"}], SamplingParams(max_tokens=2))
+    system = prompts.system_prompt(agent.registry.render_signatures(), REVIEWS)
+    messages = [{"role": "system", "content": system}, *agent.examples,
+                {"role": "user", "content": "Hi"}]
+    await complete(engine, messages, SamplingParams(max_tokens=2))
 
 
 def run_once(label: str, *, speculative: bool, dtype: str) -> tuple[RunResult, object]:
@@ -78,7 +85,7 @@ def run_once(label: str, *, speculative: bool, dtype: str) -> tuple[RunResult, o
         sampling=SamplingParams(max_tokens=160), on_event=_live_printer(label),
     )
     try:
-        anyio.run(_warm_up, engine)  # start-up (weights, cost measurement) is not part of the run
+        anyio.run(_warm_up, engine, agent)  # the same for both modes, not part of the run
         result = agent.run_sync(TASK, REVIEWS)
     finally:
         anyio.run(engine.aclose)
@@ -91,6 +98,8 @@ def main(args: argparse.Namespace | None = None) -> int:
     only_plain = bool(getattr(args, "no_speculation", False))
     print(f"agentrt demo: SmolLM2-135M-Instruct ({dtype}) on the native engine, CPU.")
     print(f"Task: {TASK}  (context: {len(REVIEWS)} reviews; tool latency {TOOL_LATENCY_S}s)")
+    print("Each mode gets a fresh engine that has served the agent's fixed prompt prefix once "
+          "(not the task).")
     t0 = time.monotonic()
     rows = []
     modes = [("plain", False)] + ([] if only_plain else [("agentrt", True)])
