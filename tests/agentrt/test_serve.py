@@ -249,3 +249,18 @@ def test_cli_serves_int8(tmp_path):
         proc.terminate()
         out = proc.communicate(timeout=30)[0]
     assert "precision int8" in out
+
+
+def test_an_agent_runs_on_the_server_through_openai_engine():
+    from agentrt import Agent
+    from agentrt.engine import OpenAIEngine
+
+    program = "```repl\nx = sum(context)\nFINAL(x * 2)\n```"
+    server = LoopbackServer(ReplayEngine(lambda messages: program, tokens_per_second=2000), "coder")
+    try:
+        engine = OpenAIEngine(base_url=f"{server.url}/v1", model="coder")
+        result = Agent(engine, builtin_tools=False).run_sync("double the sum", [1, 2, 3])
+    finally:
+        server.close()
+    assert result.status == "final" and result.answer == 12
+    assert result.turns[0].response == program
