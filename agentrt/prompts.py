@@ -22,7 +22,8 @@ How the REPL works:
 """
 
 
-def default_examples(system_prompt: str | None, tool_names: Collection[str]) -> list[dict[str, str]]:
+def default_examples(system_prompt: str | None,
+                     tool_names: Collection[str]) -> list[dict[str, str]]:
     """The example exchange that comes with the default system prompt (none with a custom one).
 
     It teaches the REPL format, not any task: a ```repl block that ends with FINAL, an error

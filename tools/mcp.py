@@ -85,7 +85,8 @@ async def mcp_tools(
     try:
         await client.__aenter__()
     except Exception as exc:
-        raise MCPConnectionError(f"cannot connect to MCP server {where}: {_describe(exc)}") from None
+        raise MCPConnectionError(
+            f"cannot connect to MCP server {where}: {_describe(exc)}") from None
     try:
         try:
             specs = await _list_tools(client)
@@ -168,7 +169,8 @@ def result_value(result: Any, output_schema: dict[str, Any] | None = None,
         raise MCPToolError(f"{tool_name}(): {message}")
     structured = result.structured_content
     if structured is not None:
-        if _wraps_result(output_schema) and isinstance(structured, dict) and set(structured) == {"result"}:
+        wrapped = isinstance(structured, dict) and set(structured) == {"result"}
+        if wrapped and _wraps_result(output_schema):
             return structured["result"]
         return structured
     items = list(result.content)
@@ -180,7 +182,8 @@ def result_value(result: Any, output_schema: dict[str, Any] | None = None,
             else item.model_dump(mode="json", by_alias=True, exclude_none=True) for item in items]
 
 
-def schema_type(schema: Any, defs: Mapping[str, Any] | None = None, _seen: frozenset = frozenset()) -> Any:
+def schema_type(schema: Any, defs: Mapping[str, Any] | None = None,
+                _seen: frozenset = frozenset()) -> Any:
     """The Python type (for pydantic validation) that a JSON schema describes.
 
     Covers what tool schemas use: the scalar types with their bounds and lengths, ``enum`` and
