@@ -41,8 +41,9 @@ class Agent:
     (or the response says ``FINAL(...)`` in prose), or after ``max_turns``.
 
     ``examples`` are chat messages (few-shot turns) placed between the system prompt and the
-    task. ``sub_engine`` backs the built-in ``llm_query`` / ``llm_query_batched`` tools (default: the
-    main engine); their requests go out at ``sub_sampling`` (default: priority
+    task (default: `prompts.default_examples`, an exchange that teaches the REPL format, with
+    the default system prompt only). ``sub_engine`` backs the built-in ``llm_query`` /
+    ``llm_query_batched`` tools (default: the main engine); their requests go out at ``sub_sampling`` (default: priority
     ``SUB_QUERY_PRIORITY``, so that an engine serving the root and its sub-queries at once, such as
     the native engine, keeps the root's stream going first). ``speculation`` runs the shadow interpreter, which starts speculatable tool calls
     while the code is still streaming; answers are identical either way. ``budget`` bounds those
@@ -59,7 +60,7 @@ class Agent:
         speculation: bool = True,
         max_turns: int = 10,
         system_prompt: str | None = None,
-        examples: Sequence[Message] = (),
+        examples: Sequence[Message] | None = None,
         sampling: SamplingParams | None = None,
         sub_sampling: SamplingParams | None = None,
         builtin_tools: bool = True,
@@ -84,7 +85,8 @@ class Agent:
         self.speculation = speculation
         self.max_turns = max_turns
         self.system_prompt = system_prompt
-        self.examples = list(examples)
+        self.examples = (list(examples) if examples is not None
+                         else prompts.default_examples(system_prompt, self.registry.names()))
         self.sampling = sampling or SamplingParams(max_tokens=1024)
         self.repl_limits = repl_limits or ReplLimits()
         self.max_observation_chars = max_observation_chars

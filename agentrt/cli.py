@@ -1,4 +1,5 @@
-"""The ``agentrt`` command line: run a task, manage models, run the demo and benchmarks."""
+"""The ``agentrt`` command line: run a task, serve a model, manage models, run the demo and
+benchmarks."""
 
 from __future__ import annotations
 
@@ -8,18 +9,25 @@ import subprocess
 import sys
 from pathlib import Path
 
+from agentrt.tools.errors import ToolError
+
 from . import __version__
 from .engines import ENGINE_KINDS, EngineOptions, make_engine, parse_spec_config
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options that pick a model and its decoding (``run`` and ``serve``)."""
+    parser.add_argument("--model", default="smollm2-135m",
+                        help="a pulled model name or a local Hugging Face model directory")
+    parser.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"))
+    parser.add_argument("--spec-config", help="speculative decoding settings as a JSON object")
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     """The options that select a backend (shared with the benchmark runner)."""
     parser.add_argument("--engine", choices=ENGINE_KINDS, default="native")
-    parser.add_argument("--model", default="smollm2-135m",
-                        help="a pulled model name or a local Hugging Face model directory")
-    parser.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"))
+    add_model_arguments(parser)
     parser.add_argument("--base-url", help="for --engine openai: the server's /v1 URL")
-    parser.add_argument("--spec-config", help="speculative decoding settings as a JSON object")
     parser.add_argument("--replay-file", help="for --engine replay: JSON list of responses")
     parser.add_argument("--tokens-per-second", type=float, default=50.0,
                         help="for --engine replay: streaming rate")
@@ -34,7 +42,7 @@ def engine_options(args: argparse.Namespace) -> EngineOptions:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from .agent import Agent
+    import anyio
 
     context = None
     if args.context_file:
@@ -46,15 +54,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
         for name in args.tools:
             tools.extend(load_tool_module(name))
-    engine = make_engine(engine_options(args))
-    sub_engine = None
-    if args.sub_base_url:
-        from agentrt.engine import OpenAIEngine
-
-        sub_engine = OpenAIEngine(base_url=args.sub_base_url, model=args.sub_model)
-    agent = Agent(engine, tools=tools, sub_engine=sub_engine,
-                  speculation=not args.no_speculation, max_turns=args.max_turns)
-    result = agent.run_sync(args.task, context)
+    result = anyio.run(_run_agent, args, context, tools)
     for turn in result.turns:
         print(f"--- turn {turn.index + 1} ---\n{turn.response}")
         if turn.observation:
@@ -66,7 +66,54 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.trace:
         result.trace.save(args.trace)
         print(f"trace written to {args.trace}")
+    if args.trace_out:
+        from .trace import save_chrome_trace
+
+        save_chrome_trace(result.trace, args.trace_out, name=f"agentrt run: {args.task[:60]}")
+        print(f"trace (open in ui.perfetto.dev or chrome://tracing) written to {args.trace_out}")
     return 0 if result.ok else 1
+
+
+async def _run_agent(args: argparse.Namespace, context, tools: list):
+    """Connect the MCP servers, run the agent, disconnect: one event loop for all of it."""
+    import contextlib
+
+    from .agent import Agent
+
+    async with contextlib.AsyncExitStack() as stack:
+        if args.mcp or args.mcp_url:
+            from agentrt.tools.mcp import mcp_tools
+
+            for command in args.mcp or ():
+                tools.extend(await stack.enter_async_context(mcp_tools(command)))
+            for url in args.mcp_url or ():
+                tools.extend(await stack.enter_async_context(mcp_tools(url=url)))
+        engine = make_engine(engine_options(args))
+        sub_engine = None
+        if args.sub_base_url:
+            from agentrt.engine import OpenAIEngine
+
+            sub_engine = OpenAIEngine(base_url=args.sub_base_url, model=args.sub_model)
+        agent = Agent(engine, tools=tools, sub_engine=sub_engine,
+                      speculation=not args.no_speculation, max_turns=args.max_turns)
+        return await agent.run(args.task, context)
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from agentrt.engine import NativeEngine
+
+    from .serve import serve
+
+    spec = dict(parse_spec_config(args.spec_config) or {})
+    method = spec.pop("method", "suffix")
+    engine = NativeEngine(model=args.model, dtype=args.dtype, speculation=method,
+                          precision=args.precision, max_seq_len=args.max_seq_len,
+                          seed=args.seed, **spec)
+    name = args.served_model_name or Path(str(args.model)).name
+    print(f"serving {name} ({args.dtype}, precision {args.precision}, speculation {method}) "
+          f"at http://{args.host}:{args.port}/v1")
+    serve(engine, model_name=name, host=args.host, port=args.port)
+    return 0
 
 
 def _cmd_models(args: argparse.Namespace) -> int:
@@ -112,7 +159,15 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--max-turns", type=int, default=10)
     run.add_argument("--no-speculation", action="store_true",
                      help="run tool calls only when their block is complete")
-    run.add_argument("--trace", help="write the run's trace JSON here")
+    run.add_argument("--trace", help="write the run's trace (agentrt's event JSON) here")
+    run.add_argument("--trace-out", metavar="PATH",
+                     help="write the run's trace as Chrome trace-event JSON (opens in Perfetto)")
+    run.add_argument("--mcp", action="append", metavar="COMMAND",
+                     help="start an MCP server with this command line (stdio) and register "
+                          "its tools (repeatable)")
+    run.add_argument("--mcp-url", action="append", metavar="URL",
+                     help="register the tools of the MCP server at this streamable-HTTP URL "
+                          "(repeatable)")
     run.add_argument("--tools", action="append", metavar="MODULE",
                      help="import MODULE and register its @tool functions (repeatable)")
     run.add_argument("--sub-base-url",
@@ -136,6 +191,17 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"))
     demo.set_defaults(func=_cmd_demo)
 
+    srv = sub.add_parser("serve", help="an OpenAI-compatible server over the native engine")
+    srv.add_argument("--host", default="127.0.0.1")
+    srv.add_argument("--port", type=int, default=8000)
+    add_model_arguments(srv)
+    srv.add_argument("--served-model-name", help="the name clients ask for (default: --model)")
+    srv.add_argument("--precision", default="exact", choices=("exact", "int8"),
+                     help="int8: faster CPU decode, logits close to but not equal to exact")
+    srv.add_argument("--max-seq-len", type=int, default=4096)
+    srv.add_argument("--seed", type=int, help="seeds requests that send no seed")
+    srv.set_defaults(func=_cmd_serve)
+
     bench = sub.add_parser("bench", help="benchmarks (same as python -m benchmarks.run)")
     bench.add_argument("rest", nargs=argparse.REMAINDER)
     bench.set_defaults(func=_cmd_bench)
@@ -148,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         args.dtype = ["bf16", "fp32"]
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, OSError, ToolError) as exc:
         print(f"agentrt: error: {exc}", file=sys.stderr)
         return 2
 

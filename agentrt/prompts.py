@@ -1,7 +1,8 @@
-"""Prompt text for the RLM-style loop: the system prompt, the first user message, observations."""
+"""Prompt text for the RLM-style loop: the system prompt, its example exchange, observations."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 SYSTEM_PROMPT = """\
@@ -19,6 +20,42 @@ How the REPL works:
 - When you know the answer, call FINAL(answer) in a code block, or FINAL_VAR("name") to return
   the value of a variable. You may also write FINAL(answer) as plain text after your last block.
 """
+
+
+def default_examples(system_prompt: str | None,
+                     tool_names: Collection[str]) -> list[dict[str, str]]:
+    """The example exchange that comes with the default system prompt (none with a custom one).
+
+    It teaches the REPL format, not any task: a ```repl block that ends with FINAL, an error
+    that comes back as the next message and a corrected block, and (when ``llm_query`` is
+    registered) a tool called like a function on each item of ``context``. Small models such
+    as the embedded default answer in prose without it.
+    """
+    if system_prompt is not None:
+        return []
+    failed = "TypeError: unsupported operand type(s) for +: 'int' and 'str'"
+    examples = [
+        {"role": "user", "content": "What is the mean of the scores in context?"},
+        {"role": "assistant", "content": _repl("result = sum(context) / len(context)\n"
+                                               "FINAL(result)")},
+        {"role": "user", "content": observation([("", failed)], len(failed))},
+        {"role": "assistant", "content": _repl("scores = [float(score) for score in context]\n"
+                                               "result = sum(scores) / len(scores)\n"
+                                               "FINAL(result)")},
+    ]
+    if "llm_query" in tool_names:
+        examples += [
+            {"role": "user", "content": "Classify each message in context as positive or "
+                                        "negative. Use the llm_query tool."},
+            {"role": "assistant", "content": _repl(
+                'result = [llm_query("Positive or negative? " + message) for message in context]\n'
+                "FINAL(result)")},
+        ]
+    return examples
+
+
+def _repl(code: str) -> str:
+    return f"```repl\n{code}\n```"
 
 
 def describe_context(context: Any) -> str:
