@@ -32,6 +32,7 @@ import httpx
 
 from agentrt.engine.base import Engine, SamplingParams, complete
 from agentrt.llm_tools import make_llm_tools
+from agentrt.trace import Trace, save_chrome_trace
 
 from .generate import generate, parse_sizes
 from .root_prompt import LeakError, check_no_leak, few_shot
@@ -308,7 +309,12 @@ async def run_all(plan, root: Root, sub: SubModel, args, records: dict) -> None:
                     async def one(task: Task, mode=mode, repeat=repeat, setting=setting) -> None:
                         record = await run_one(task, styles[task.id], mode, repeat, setting,
                                                root, sub, args)
-                        write_json(record_path(args.out, setting, task, mode, repeat), record)
+                        path = record_path(args.out, setting, task, mode, repeat)
+                        write_json(path, record)
+                        if record["trace"]["events"]:  # Perfetto / chrome://tracing
+                            save_chrome_trace(Trace.from_dict(record["trace"]),
+                                              path.with_name(path.stem + ".perfetto.json"),
+                                              name=f"{task.id} {mode} r{repeat}")
                         records[(setting.tag, task.id, mode, repeat)] = record
                         bar.set_postfix_str(f"{task.id[:24]} {mode} {record['wall_s']:.1f}s "
                                             f"{record['status']}")

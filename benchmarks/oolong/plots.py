@@ -6,14 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from agentrt.trace import Event, Trace
+from agentrt.trace import Trace
 
 
 def as_trace(record: dict[str, Any]) -> Trace:
     """A run record's trace as a `Trace` again."""
-    trace = Trace()
-    trace.events = [Event(**e) for e in record["trace"]["events"]]
-    return trace
+    return Trace.from_dict(record["trace"])
 
 
 def _spans(record: dict) -> list[tuple[str, float, float, str]]:

@@ -24,7 +24,11 @@ FAST = ["--engine", "replay", "--root-tps", "2000", "--sub-decode-tps", "3000", 
 
 
 def _records(out: Path) -> list[dict]:
-    return [json.loads(p.read_text()) for p in sorted((out / "traces").rglob("*.json"))]
+    return [json.loads(p.read_text()) for p in _record_paths(out)]
+
+
+def _record_paths(out: Path) -> list[Path]:
+    return sorted(p for p in (out / "traces").rglob("*.json") if ".perfetto" not in p.name)
 
 
 def test_replay_run_repeats_rotates_modes_and_resumes(tmp_path):
@@ -49,12 +53,16 @@ def test_replay_run_repeats_rotates_modes_and_resumes(tmp_path):
             runs = [r for r in records if r["task"] == task and r["repeat"] == repeat]
             firsts.add(min(runs, key=lambda r: r["started"])["mode"])
     assert firsts == {"sequential+replay", "speculative+replay"}
+    # every run also has a Chrome trace-event file
+    chrome = json.loads(_record_paths(out)[0].with_suffix("").with_suffix(
+        ".perfetto.json").read_text())
+    assert chrome["traceEvents"] and all("ph" in e for e in chrome["traceEvents"])
     # an interrupted run: one record lost; --resume runs only that one
-    paths = sorted((out / "traces").rglob("*.json"))
+    paths = _record_paths(out)
     kept = {p: p.stat().st_mtime_ns for p in paths}
     paths[3].unlink()
     assert bench.main([*args, "--resume"]) == 0
-    changed = [p for p in sorted((out / "traces").rglob("*.json")) if p.stat().st_mtime_ns != kept[p]]
+    changed = [p for p in _record_paths(out) if p.stat().st_mtime_ns != kept[p]]
     assert changed == [paths[3]]
 
 
@@ -262,7 +270,7 @@ def test_interrupted_run_keeps_finished_records_and_resumes(tmp_path):
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         try:
-            while not list((out / "traces").rglob("*.json")):
+            while not _record_paths(out):
                 assert proc.poll() is None, proc.communicate()
                 threading.Event().wait(0.05)
             sub.open.clear()
@@ -274,13 +282,13 @@ def test_interrupted_run_keeps_finished_records_and_resumes(tmp_path):
             if proc.poll() is None:
                 proc.kill()
         assert proc.returncode == 130, err
-        kept = list((out / "traces").rglob("*.json"))
+        kept = _record_paths(out)
         assert 1 <= len(kept) < 4 and "rerun with --resume" in err
         assert not list((out / "traces").rglob("*.tmp"))
         done = subprocess.run([*cmd, "--resume"], cwd=ROOT, capture_output=True, text=True,
                               timeout=300)
     assert done.returncode == 0, done.stderr
-    assert len(list((out / "traces").rglob("*.json"))) == 4
+    assert len(_record_paths(out)) == 4
     (setting,) = json.loads((out / "summary.json").read_text())["settings"]
     assert setting["identical"] == setting["compared"] == 2
 
