@@ -31,6 +31,9 @@ class Job:
     emit: Callable[[object], bool]
     cancelled: threading.Event = field(default_factory=threading.Event)
     submitted: float = field(default_factory=time.perf_counter)
+    prompt_ids: list[int] | None = None
+    """The prompt's token ids when the caller has already rendered them (None: the worker
+    renders ``messages``)."""
 
 
 class OutputText:
