@@ -367,7 +367,13 @@ class _Run:
         status, namespace = "max_turns", None
         messages = self._initial_messages()
         for index in range(self.agent.max_turns):
-            turn = await self._turn(index, messages)
+            try:
+                turn = await self._turn(index, messages)
+            except Exception as exc:  # the engine's, the sandbox's, or another part of the turn
+                failure = _stopping_failure(exc)
+                if not isinstance(failure, _Failure):
+                    failure = _Failure(f"turn {index}", failure, self.trace.now())
+                raise failure from exc
             if self.finished:
                 status = "final"
                 break

@@ -9,6 +9,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Sequence
 
+import anyio
 import pytest
 
 from agentrt import Agent, ReplayEngine, tool
@@ -236,3 +237,52 @@ def test_a_hanging_tool_times_out_by_the_agent_default(is_async):
     result = agent.run_sync("t")
     assert result.status == "final" and result.answer == 2
     assert "timeout: hangs() timed out after 0.5 s" in result.turns[0].output
+
+
+# ----------------------------------------------------- faults of the sandbox and the shadow
+
+def test_a_sandbox_failure_ends_the_run_with_an_error(monkeypatch):
+    from agentrt.interpreter.repl import Repl
+
+    real = Repl.execute
+
+    async def broken(self, code, **kw):
+        if "boom" in code:
+            raise OSError("the sandbox socket is gone")
+        return await real(self, code, **kw)
+
+    monkeypatch.setattr(Repl, "execute", broken)
+    responses = [block("x = 1"), block("boom = 2"), *SECOND_RUN]
+    agent = Agent(ReplayEngine(responses, tokens_per_second=FAST), tools=[double],
+                  speculation=False)
+    result = agent.run_sync("t")
+    assert_clean_error(result, "turn 1, block 0, sandbox", "OSError: the sandbox socket is gone")
+    assert result.turns[1].blocks[0].error == result.error
+    assert agent.run_sync("t").answer == 42
+
+
+def test_a_shadow_failure_ends_the_run_with_an_error(monkeypatch):
+    from agentrt.speculation import Speculator
+
+    def broken(self, *args):
+        raise RuntimeError("the shadow broke")
+
+    monkeypatch.setattr(Speculator, "statement_closed", broken)
+    agent = Agent(ReplayEngine([block("y = double(2)\nFINAL(y)")], tokens_per_second=FAST),
+                  tools=[double], speculation=True)
+    result = agent.run_sync("t")
+    assert_clean_error(result, "turn 0: RuntimeError: the shadow broke")
+    assert isinstance(result.exception, RuntimeError)
+
+
+@pytest.mark.anyio
+async def test_the_callers_cancellation_propagates_and_closes_the_trace():
+    seen = []
+    slow = ReplayEngine([block("x = 1\n" * 200), *SECOND_RUN], tokens_per_second=40)
+    agent = Agent(slow, tools=[double], speculation=True, on_event=lambda e: seen.append(e))
+    with anyio.move_on_after(0.5) as scope:
+        await agent.run("t")
+    assert scope.cancelled_caught
+    assert seen[-1].kind == "run_finished" and seen[-1].data["status"] == "cancelled"
+    again = await agent.run("t")
+    assert again.status == "final" and again.answer == 42
