@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 import re
 import signal
@@ -33,6 +34,7 @@ from .speculation import Speculator
 from .tool_calls import traced_call
 from .trace import Event, Trace
 
+log = logging.getLogger(__name__)
 _FENCED = re.compile(r"^```[^\n]*\n.*?(?:^```[ \t]*$|\Z)", re.S | re.M)
 _TEXT_FINAL_VAR = re.compile(r"FINAL_VAR\(\s*['\"]?([A-Za-z_][A-Za-z_0-9]*)['\"]?\s*\)")
 _TEXT_FINAL = re.compile(r"FINAL\((.*)\)")
@@ -149,9 +151,9 @@ async def _until_cancelled(run: _Run, sigint: _SigintCancels) -> RunResult | Non
 
 class _SigintCancels:
     """While active (in the main thread, over Python's default SIGINT handler), the first
-    SIGINT cancels the run's scope from the event loop; if the run has not wound down
-    `INTERRUPT_GRACE_S` later (code blocking the loop), SIGINT is sent again, and a second
-    SIGINT raises `KeyboardInterrupt` where the main thread is."""
+    SIGINT cancels the run's scope from the event loop; if the loop has not taken that up
+    `INTERRUPT_GRACE_S` later (code blocking it), SIGINT is sent again, and a second SIGINT
+    raises `KeyboardInterrupt` where the main thread is."""
 
     def __init__(self, run: _Run) -> None:
         self.run = run
@@ -159,6 +161,8 @@ class _SigintCancels:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._lock = threading.Lock()
         self._active = False
+        self._cancelled = False
+        """The loop has cancelled the run's scope (it is responsive: no need to escalate)."""
         self._timer: threading.Timer | None = None
         self._previous: Any = None
 
@@ -181,7 +185,12 @@ class _SigintCancels:
         """The run is under ``scope`` in the running loop (a SIGINT already seen cancels it)."""
         self._scope, self._loop = scope, asyncio.get_running_loop()
         if self.run.interrupted:
-            scope.cancel()
+            self._cancel()
+
+    def _cancel(self) -> None:
+        assert self._scope is not None
+        self._cancelled = True
+        self._scope.cancel()
 
     def _on_sigint(self, signum: int, frame: object) -> None:
         if not self._active:
@@ -191,15 +200,28 @@ class _SigintCancels:
         self.run.interrupted = True
         if self._scope is not None and self._loop is not None:
             with contextlib.suppress(RuntimeError):  # the loop has just closed
-                self._loop.call_soon_threadsafe(self._scope.cancel)
+                self._loop.call_soon_threadsafe(self._cancel)
         self._timer = threading.Timer(INTERRUPT_GRACE_S, self._escalate)
         self._timer.daemon = True
         self._timer.start()
 
     def _escalate(self) -> None:
         with self._lock:
-            if self._active:
+            if self._active and not self._cancelled:
                 signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+
+class _Listener:
+    """``on_event`` kept from stopping the run: what it raises is logged, not propagated."""
+
+    def __init__(self, on_event: Callable[[Event], None]) -> None:
+        self.on_event = on_event
+
+    def __call__(self, event: Event) -> None:
+        try:
+            self.on_event(event)
+        except Exception:
+            log.exception("the on_event listener failed on a %r event", event.kind)
 
 
 class _Failure(Exception):
@@ -242,7 +264,7 @@ class _Run:
         self.agent = agent
         self.task = task
         self.context = context
-        self.trace = Trace(agent.on_event)
+        self.trace = Trace(None if agent.on_event is None else _Listener(agent.on_event))
         self.stats = RunStats()
         self.turns: list[TurnRecord] = []
         self.repl: Repl | None = None

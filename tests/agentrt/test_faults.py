@@ -286,3 +286,32 @@ async def test_the_callers_cancellation_propagates_and_closes_the_trace():
     assert seen[-1].kind == "run_finished" and seen[-1].data["status"] == "cancelled"
     again = await agent.run("t")
     assert again.status == "final" and again.answer == 42
+
+
+class Unprintable(Exception):
+    def __str__(self) -> str:
+        raise ValueError("no text for this one")
+
+
+@tool
+def unprintable_error() -> int:
+    """Raises an exception whose str() raises."""
+    raise Unprintable()
+
+
+def test_a_broken_listener_or_an_unprintable_tool_error_does_not_stop_the_run(caplog):
+    def listener(event):
+        if event.kind in ("delta", "run_finished"):
+            raise RuntimeError("the display broke")
+
+    responses = [block("try:\n    unprintable_error()\nexcept Exception as e:\n    print(e)\n"
+                       "FINAL(double(3))")]
+    agent = Agent(ReplayEngine(responses, tokens_per_second=FAST),
+                  tools=[unprintable_error, double], speculation=False, on_event=listener)
+    result = agent.run_sync("t")
+    assert result.status == "final" and result.answer == 6
+    assert "unprintable_error() raised Unprintable (its str() raised ValueError)" in \
+        result.turns[0].output
+    finished = [e for e in result.trace.events if e.kind == "tool_finished"]
+    assert finished and "Unprintable" in finished[0].data["error"]
+    assert "the on_event listener failed" in caplog.text
