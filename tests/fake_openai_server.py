@@ -11,7 +11,8 @@ Each POST to ``/v1/chat/completions`` or ``/v1/completions`` takes the next scri
   optionally one byte at a time (a trickle), then ended, hung up, followed by keep-alive
   comments forever, or by its last event repeated forever.
 
-`chunk` builds one well-formed chat chunk event; tests break it with ``**fields``.
+`chunk` builds one well-formed chat chunk event; tests break it with ``**fields``. `engine_for`
+makes an `OpenAIEngine` for a server with test-speed retry and timeout settings.
 
 POSTs are recorded (`requests`) so tests can count attempts and read what was sent; GETs in `gets`.
 ``GET /metrics`` serves `metrics_text` (404 when None), ``GET /health`` answers 200.
@@ -93,6 +94,15 @@ class Recorded:
     path: str
     body: dict[str, Any]
     headers: dict[str, str] = field(default_factory=dict)
+
+
+def engine_for(server: FakeOpenAIServer, **kwargs: Any):
+    """An `OpenAIEngine` for ``server`` (back-off 10 ms, read timeout 5 s unless given)."""
+    from agentrt.engine.openai_engine import OpenAIEngine
+
+    kwargs.setdefault("backoff", 0.01)
+    kwargs.setdefault("timeout", 5.0)
+    return OpenAIEngine(server.url + "/v1", "fake-model", **kwargs)
 
 
 class FakeOpenAIServer:

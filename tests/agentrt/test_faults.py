@@ -14,9 +14,8 @@ import pytest
 
 from agentrt import Agent, ReplayEngine, tool
 from agentrt.engine import BaseEngine, Delta, EngineStreamError, Message, SamplingParams
-from agentrt.engine.openai_engine import OpenAIEngine
 
-from fake_openai_server import FakeOpenAIServer, Raw, Stream, chunk
+from fake_openai_server import FakeOpenAIServer, Raw, Stream, chunk, engine_for
 
 FAST = 2000.0
 
@@ -120,7 +119,7 @@ def test_malformed_chunks_from_an_openai_server_end_the_run_with_an_error(server
     first = "```repl\nx = double(3)\nprint(x)\n```"
     server.push(Stream([first]), Raw([chunk("```re"), chunk(**fields), "data: [DONE]\n\n"]),
                 Stream([block("FINAL(double(21))")]))
-    engine = OpenAIEngine(server.url, "fake-model", backoff=0.01, timeout=5.0)
+    engine = engine_for(server)
     agent = Agent(engine, tools=[double], speculation=False)
     result = agent.run_sync("t")
     assert_clean_error(result, "turn 1, engine 'openai'", "EngineStreamError", server.url, problem)
@@ -134,7 +133,7 @@ def test_llm_query_on_a_faulty_server_shows_the_model_a_clear_error(server):
     server.push(Raw([chunk(choices=[None]), "data: [DONE]\n\n"]))
     code = "try:\n    llm_query('hi')\nexcept Exception as e:\n    print(repr(e))\nFINAL('done')"
     engine = ReplayEngine([block(code)], tokens_per_second=FAST)
-    sub = OpenAIEngine(server.url, "fake-model", backoff=0.01, timeout=5.0)
+    sub = engine_for(server)
     result = Agent(engine, sub_engine=sub, speculation=False).run_sync("t")
     assert result.status == "final"
     printed = result.turns[0].output

@@ -12,7 +12,7 @@ import pytest
 from agentrt.engine import EngineStreamError, complete
 from agentrt.engine.openai_engine import OpenAIEngine
 
-from fake_openai_server import FakeOpenAIServer, Raw, Status, Stream, chunk
+from fake_openai_server import FakeOpenAIServer, Raw, Status, Stream, chunk, engine_for
 
 pytestmark = pytest.mark.anyio
 
@@ -25,11 +25,6 @@ def server():
     with FakeOpenAIServer() as fake:
         yield fake
 
-
-def engine_for(server: FakeOpenAIServer, **kwargs) -> OpenAIEngine:
-    kwargs.setdefault("backoff", 0.01)
-    kwargs.setdefault("timeout", 5.0)
-    return OpenAIEngine(server.url + "/v1", "fake-model", **kwargs)
 
 
 async def _still_serves(engine: OpenAIEngine, server: FakeOpenAIServer) -> None:
