@@ -351,6 +351,7 @@ class _Run:
                     raise stopped
         except Exception as exc:
             if _cancel_requested():  # the caller cancelled the run while it was failing
+                self._emit_stopped()
                 raise anyio.get_cancelled_exc_class()() from exc
             failure = _stopping_failure(exc)
             end = failure.at if isinstance(failure, _Failure) else self.trace.now()
@@ -358,10 +359,7 @@ class _Run:
                 else f"{type(failure).__name__}: {failure}"
             self.trace.emit("run_error", error=error)
         except BaseException:
-            if self.interrupted:
-                self._emit_interrupted()
-            else:
-                self.trace.emit("run_finished", status="cancelled", answer=repr(self.answer)[:200])
+            self._emit_stopped()
             raise
         wall = self.trace.now() if end is None else end
         self.trace.emit("run_finished", status=status, answer=repr(self.answer)[:200])
@@ -374,15 +372,18 @@ class _Run:
     def interrupted_result(self) -> RunResult:
         """The run so far, after Ctrl-C stopped it (its trace ends with ``run_finished``)."""
         if not self.trace.events or self.trace.events[-1].kind != "run_finished":
-            self._emit_interrupted()
+            self._emit_stopped()
         return RunResult(
             answer=self.answer, status="interrupted", turns=self.turns, stats=self.stats,
             wall_s=self.trace.now(), trace=self.trace, error=_INTERRUPTED,
         )
 
-    def _emit_interrupted(self) -> None:
-        self.trace.emit("run_error", error=_INTERRUPTED)
-        self.trace.emit("run_finished", status="interrupted", answer=repr(self.answer)[:200])
+    def _emit_stopped(self) -> None:
+        """End the trace of a run that Ctrl-C interrupted or its caller cancelled."""
+        if self.interrupted:
+            self.trace.emit("run_error", error=_INTERRUPTED)
+        self.trace.emit("run_finished", status="interrupted" if self.interrupted else "cancelled",
+                        answer=repr(self.answer)[:200])
 
     async def _converse(self) -> tuple[str, float | None, dict[str, str] | None]:
         """The turns of the run: (status, end time, namespace summary)."""
@@ -463,7 +464,11 @@ class _Run:
             [(b.stdout, b.error) for b in turn.blocks], self.agent.max_observation_chars
         )
         for block in turn.blocks:
-            self._engine_call(index, "remember", lambda engine: engine.remember(block.code))
+            try:
+                self.agent.engine.remember(block.code)
+            except Exception as exc:
+                raise _Failure(f"{self._engine_where(index)}.remember()", exc,
+                               self.trace.now()) from exc
         turn.finished_s = self.trace.now()
         self.trace.emit(
             "turn_finished", turn=index, finish_reason=turn.finish_reason,
@@ -475,7 +480,6 @@ class _Run:
         """The engine's stream for this turn; whatever it raises (or yields that is not a
         `Delta` of text) becomes a `_Failure` of the engine."""
         engine = self.agent.engine
-        where = f"turn {index}, engine {getattr(engine, 'name', type(engine).__name__)!r}"
         try:
             async with contextlib.aclosing(engine.stream(messages, self.agent.sampling)) as deltas:
                 async for delta in deltas:
@@ -483,7 +487,11 @@ class _Run:
                         raise TypeError(f"the stream yielded {delta!r:.100}, not a Delta of text")
                     yield delta
         except Exception as exc:
-            raise _Failure(where, exc, self.trace.now()) from exc
+            raise _Failure(self._engine_where(index), exc, self.trace.now()) from exc
+
+    def _engine_where(self, index: int) -> str:
+        engine = self.agent.engine
+        return f"turn {index}, engine {getattr(engine, 'name', type(engine).__name__)!r}"
 
     def _take(self, turn: TurnRecord, delta: Delta, text: list[str], segmenter: CodeStream,
               send) -> None:
@@ -498,14 +506,6 @@ class _Run:
             turn.finish_reason = delta.finish_reason
         if delta.usage is not None:
             turn.completion_tokens = delta.usage.completion_tokens
-
-    def _engine_call(self, index: int, what: str, call: Callable[[Engine], Any]) -> Any:
-        engine = self.agent.engine
-        try:
-            return call(engine)
-        except Exception as exc:
-            where = f"turn {index}, engine {getattr(engine, 'name', type(engine).__name__)!r} {what}()"
-            raise _Failure(where, exc, self.trace.now()) from exc
 
     def _segment(self, turn: TurnRecord, events: list, send) -> None:
         for ev in events:

@@ -713,7 +713,7 @@ class NativeEngine(BaseEngine):
     def _grow(self, seq: RequestState, rows: int) -> int:
         """Make blocks hold ``rows`` more rows of ``seq`` (fewer when the pool runs out; less
         urgent sequences are preempted for its first row). Returns the rows that fit, 0 when
-        ``seq`` itself had to wait."""
+        requests at least as urgent hold every block (``seq`` must then wait)."""
         pool = self.pool
         while pool.blocks_for(seq.computed + rows) > len(seq.blocks):
             block = pool.allocate()

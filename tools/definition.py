@@ -141,9 +141,7 @@ class Tool:
 
     async def _run_limited_in_time(self, args: list[Any], kwargs: dict[str, Any],
                                    timeout: float) -> Any:
-        if math.isinf(timeout):
-            return await self._run(args, kwargs)
-        with anyio.move_on_after(timeout):
+        with anyio.move_on_after(timeout):  # math.inf: never
             return await self._run(args, kwargs)
         raise ToolTimeoutError(self.name, timeout)
 
