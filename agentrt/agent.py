@@ -125,7 +125,9 @@ class Agent:
         with _SigintCancels(run) as sigint:
             try:
                 result = anyio.run(_until_cancelled, run, sigint)
-            except KeyboardInterrupt:  # raised in code that blocked the event loop
+            except (KeyboardInterrupt, BaseExceptionGroup) as exc:  # in code blocking the loop
+                if isinstance(exc, BaseExceptionGroup) and not exc.subgroup(KeyboardInterrupt):
+                    raise
                 run.interrupted = True
                 result = None
         if run.interrupted:
