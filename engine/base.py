@@ -52,6 +52,8 @@ class SamplingParams:
             _require_int(name, getattr(self, name))
         if self.seed is not None:
             _require_int("seed", self.seed)
+            if not -2**63 <= self.seed < 2**64:
+                raise ValueError(f"SamplingParams.seed must fit in 64 bits, got {self.seed}")
         for name in ("temperature", "top_p"):
             _require_finite(name, getattr(self, name))
         if self.max_tokens < 1:

@@ -37,7 +37,7 @@ def engine():
     ("max_tokens", 3.5), ("max_tokens", True), ("max_tokens", "10"), ("max_tokens", 0),
     ("temperature", math.nan), ("temperature", math.inf), ("temperature", "hot"),
     ("temperature", -1.0), ("top_p", math.nan), ("top_p", 0.0), ("top_k", 2.0), ("top_k", -1),
-    ("seed", "x"), ("seed", 1.5), ("stop", 5), ("stop", ["ok", 3]), ("priority", None),
+    ("seed", "x"), ("seed", 1.5), ("seed", 10**30), ("stop", 5), ("stop", ["ok", 3]), ("priority", None),
 ])
 def test_sampling_params_name_the_field_that_is_wrong(field, value):
     with pytest.raises(ValueError, match=rf"SamplingParams\.{field}\b"):
