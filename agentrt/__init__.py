@@ -18,6 +18,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "Agent": "agentrt.agent",
     "BlockRecord": "agentrt.results",
+    "RunInterrupted": "agentrt.results",
     "RunResult": "agentrt.results",
     "RunStats": "agentrt.results",
     "TurnRecord": "agentrt.results",
@@ -42,7 +43,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from agentrt.tools import Tool, ToolError, tool
 
     from .agent import Agent
-    from .results import BlockRecord, RunResult, RunStats, TurnRecord
+    from .results import BlockRecord, RunInterrupted, RunResult, RunStats, TurnRecord
     from .trace import Event, Trace
 
 

@@ -1,35 +1,49 @@
-"""`Agent`: the RLM-style loop — stream a response, run its code blocks, feed back what they printed."""
+"""`Agent`: the RLM-style loop — stream a response, run its code blocks, feed back what they printed.
+
+Every run ends with a `RunResult`: an exception from the engine, the sandbox, the shadow
+interpreter or the loop itself ends the run with ``status="error"``, the cause in ``error`` (what
+failed, where, and its message) and the trace complete. Only the caller's own cancellation
+propagates; Ctrl-C during `Agent.run_sync` is `RunInterrupted` (see `Agent.run_sync`).
+"""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 import math
 import re
-from collections.abc import Callable, Iterable, Sequence
+import signal
+import threading
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import Any
 
 import anyio
 
-from agentrt.engine.base import Engine, EngineError, Message, SamplingParams
-from agentrt.interpreter.repl import Repl, ReplError, ReplLimits
+from agentrt.engine.base import Delta, Engine, Message, SamplingParams
+from agentrt.interpreter.repl import Repl, ReplLimits
 from agentrt.interpreter.protocol import to_plain
 from agentrt.interpreter.segmenter import BlockClosed, BlockOpened, CodeStream, StatementClosed
-from agentrt.tools import Tool, ToolRegistry
+from agentrt.tools import DEFAULT_TOOL_TIMEOUT_S, Tool, ToolRegistry
 
 from . import prompts
 from .ledger import SpeculationBudget
 from .llm_tools import make_llm_tools
-from .results import BlockRecord, RunResult, RunStats, TurnRecord
+from .results import BlockRecord, RunInterrupted, RunResult, RunStats, TurnRecord
 from .speculation import Speculator
 from .tool_calls import call_digests, traced_call
 from .trace import Event, Trace
 
+log = logging.getLogger(__name__)
 _FENCED = re.compile(r"^```[^\n]*\n.*?(?:^```[ \t]*$|\Z)", re.S | re.M)
 _TEXT_FINAL_VAR = re.compile(r"FINAL_VAR\(\s*['\"]?([A-Za-z_][A-Za-z_0-9]*)['\"]?\s*\)")
 _TEXT_FINAL = re.compile(r"FINAL\((.*)\)")
 
 SUB_QUERY_PRIORITY = 1
 """Default `SamplingParams.priority` of ``llm_query`` requests (the root streams at 0)."""
+INTERRUPT_GRACE_S = 0.5
+"""After Ctrl-C, how long `Agent.run_sync` waits for the run to wind down by cancellation before
+it raises `KeyboardInterrupt` in the main thread itself (code that blocks the event loop)."""
 
 
 class Agent:
@@ -49,6 +63,8 @@ class Agent:
     while the code is still streaming; answers are identical either way. ``budget`` bounds those
     early calls. ``on_event`` sees every trace event as it happens (for live displays).
     ``capture_namespace`` records the REPL's final variables in ``RunResult.namespace``.
+    ``tool_timeout`` limits each call of a tool that sets no ``timeout`` of its own (seconds,
+    ``math.inf`` for none; the built-in ``llm_query`` tools have none: their engine bounds them).
     """
 
     def __init__(
@@ -69,12 +85,13 @@ class Agent:
         budget: SpeculationBudget | None = None,
         on_event: Callable[[Event], None] | None = None,
         capture_namespace: bool = False,
+        tool_timeout: float = DEFAULT_TOOL_TIMEOUT_S,
     ) -> None:
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         self.engine = engine
         self.sub_engine = sub_engine or engine
-        self.registry = ToolRegistry()
+        self.registry = ToolRegistry(default_timeout=tool_timeout)
         if builtin_tools:
             if sub_sampling is None:  # sub-queries yield to the root's stream on a shared engine
                 sub_sampling = SamplingParams(priority=SUB_QUERY_PRIORITY)
@@ -95,13 +112,153 @@ class Agent:
         self.capture_namespace = capture_namespace
 
     def run_sync(self, task: str, context: Any = None) -> RunResult:
-        """Blocking form of `run`."""
-        return anyio.run(self.run, task, context)
+        """Blocking form of `run`.
+
+        Ctrl-C (SIGINT, when called from the main thread with Python's default handler in
+        place) stops the run whatever it is doing: the run is cancelled (the sandbox's worker
+        processes are killed, abandoned tool threads are left behind as daemons) and
+        `RunInterrupted`, a `KeyboardInterrupt`, is raised; its ``result`` holds the run so far
+        (``status="interrupted"``, the turns and the trace up to the interrupt, which
+        ``on_event`` saw too). Code that blocks the event loop is interrupted by a
+        `KeyboardInterrupt` raised in it after `INTERRUPT_GRACE_S`; a second Ctrl-C does so
+        at once.
+        """
+        run = _Run(self, task, context)
+        with _SigintCancels(run) as sigint:
+            try:
+                result = anyio.run(_until_cancelled, run, sigint)
+            except (KeyboardInterrupt, BaseExceptionGroup) as exc:  # in code blocking the loop
+                if isinstance(exc, BaseExceptionGroup) and not exc.subgroup(KeyboardInterrupt):
+                    raise
+                run.interrupted = True
+                result = None
+        if run.interrupted:
+            raise RunInterrupted(result or run.interrupted_result())
+        assert result is not None
+        return result
 
     async def run(self, task: str, context: Any = None) -> RunResult:
-        """Run the agent on ``task``; ``context`` becomes the REPL variable ``context``."""
+        """Run the agent on ``task``; ``context`` (plain data, else a `TypeError` at once)
+        becomes the REPL variable ``context``. Always returns a `RunResult`; only a
+        cancellation of the caller's own propagates."""
         run = _Run(self, task, context)
         return await run.execute()
+
+
+async def _until_cancelled(run: _Run, sigint: _SigintCancels) -> RunResult | None:
+    """``run.execute()``, or None when Ctrl-C cancelled it."""
+    with anyio.CancelScope() as scope:
+        sigint.arm(scope)
+        return await run.execute()
+    return None
+
+
+class _SigintCancels:
+    """While active (in the main thread, over Python's default SIGINT handler), the first
+    SIGINT cancels the run's scope from the event loop; if the loop has not taken that up
+    `INTERRUPT_GRACE_S` later (code blocking it), SIGINT is sent again, and a second SIGINT
+    raises `KeyboardInterrupt` where the main thread is."""
+
+    def __init__(self, run: _Run) -> None:
+        self.run = run
+        self._scope: anyio.CancelScope | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._lock = threading.Lock()
+        self._active = False
+        self._cancelled = False
+        """The loop has cancelled the run's scope (it is responsive: no need to escalate)."""
+        self._timer: threading.Timer | None = None
+        self._previous: Any = None
+
+    def __enter__(self) -> _SigintCancels:
+        if threading.current_thread() is threading.main_thread() \
+                and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            self._previous = signal.signal(signal.SIGINT, self._on_sigint)
+            self._active = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with self._lock:
+            was_active, self._active = self._active, False
+            if self._timer is not None:
+                self._timer.cancel()
+        if was_active:
+            signal.signal(signal.SIGINT, self._previous)
+
+    def arm(self, scope: anyio.CancelScope) -> None:
+        """The run is under ``scope`` in the running loop (a SIGINT already seen cancels it)."""
+        self._scope, self._loop = scope, asyncio.get_running_loop()
+        if self.run.interrupted:
+            self._cancel()
+
+    def _cancel(self) -> None:
+        assert self._scope is not None
+        self._cancelled = True
+        self._scope.cancel()
+
+    def _on_sigint(self, signum: int, frame: object) -> None:
+        if not self._active:
+            return
+        if self.run.interrupted:
+            raise KeyboardInterrupt
+        self.run.interrupted = True
+        if self._scope is not None and self._loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop has just closed
+                self._loop.call_soon_threadsafe(self._cancel)
+        self._timer = threading.Timer(INTERRUPT_GRACE_S, self._escalate)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _escalate(self) -> None:
+        with self._lock:
+            if self._active and not self._cancelled:
+                signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+
+class _Listener:
+    """``on_event`` kept from stopping the run: what it raises is logged, not propagated."""
+
+    def __init__(self, on_event: Callable[[Event], None]) -> None:
+        self.on_event = on_event
+
+    def __call__(self, event: Event) -> None:
+        try:
+            self.on_event(event)
+        except Exception:
+            log.exception("the on_event listener failed on a %r event", event.kind)
+
+
+class _Failure(Exception):
+    """What stopped a run: ``cause``, raised by ``where`` (e.g. ``"turn 2, engine 'openai'"``),
+    at ``at`` seconds into the run."""
+
+    def __init__(self, where: str, cause: BaseException, at: float) -> None:
+        super().__init__(f"{where}: {type(cause).__name__}: {cause}")
+        self.where, self.cause, self.at = where, cause, at
+
+
+def _stopping_failure(exc: BaseException) -> BaseException:
+    """The exception that stopped the run: the first `_Failure` in a task group's failure, else
+    its first leaf that is not a cancellation."""
+    if not isinstance(exc, BaseExceptionGroup):
+        return exc
+    leaves = [_stopping_failure(e) for e in exc.exceptions]
+    for leaf in leaves:
+        if isinstance(leaf, _Failure):
+            return leaf
+    for leaf in leaves:
+        if not isinstance(leaf, anyio.get_cancelled_exc_class()):
+            return leaf
+    return leaves[0]
+
+
+_INTERRUPTED = "KeyboardInterrupt: the run was interrupted (Ctrl-C)"
+
+
+def _cancel_requested() -> bool:
+    """Whether the current task is being cancelled (by its caller, at this point)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 class _Run:
@@ -111,15 +268,15 @@ class _Run:
         self.agent = agent
         self.task = task
         self.context = context
-        self.trace = Trace(agent.on_event)
+        self.trace = Trace(None if agent.on_event is None else _Listener(agent.on_event))
         self.stats = RunStats()
         self.turns: list[TurnRecord] = []
         self.repl: Repl | None = None
         self.answer: Any = None
         self.finished = False
         self.spec: Speculator | None = None
-        self.stopped_s: float | None = None
-        """When the run stopped on an error (tearing the sandbox down is not counted)."""
+        self.interrupted = False
+        """Ctrl-C stopped the run (`Agent.run_sync`)."""
         self._call_ids = 0
         self._current_block: tuple[int, int] = (0, 0)
         self._repl_ready = anyio.Event()
@@ -131,7 +288,7 @@ class _Run:
             await repl.start()
             await repl.set_variable("context", context)
         except Exception as exc:
-            self._repl_error = exc
+            self._repl_error = _Failure("starting the sandbox", exc, self.trace.now())
         finally:
             self._repl_ready.set()
 
@@ -142,6 +299,14 @@ class _Run:
             raise self._repl_error
         assert self.repl is not None
         return self.repl
+
+    async def _in_sandbox(self, where: str, call: Callable[[Repl], Any]) -> Any:
+        """``await call(repl)``; its exception becomes a `_Failure` of the sandbox at ``where``."""
+        repl = await self._repl()
+        try:
+            return await call(repl)
+        except Exception as exc:
+            raise _Failure(f"{where}, sandbox", exc, self.trace.now()) from exc
 
     # -- tools -------------------------------------------------------------------------------
 
@@ -176,13 +341,13 @@ class _Run:
 
     async def execute(self) -> RunResult:
         agent = self.agent
+        context = to_plain(self.context)  # not plain data: a TypeError now, as before
         self.trace.emit("run_started", task=self.task)
-        status, error = "max_turns", None
+        status, error, failure = "max_turns", None, None
         end: float | None = None
         namespace: dict[str, str] | None = None
         try:
             signatures = {t.name: t.signature_line() for t in agent.registry}
-            context = to_plain(self.context)  # not plain data: a TypeError now, as before
             async with contextlib.AsyncExitStack() as stack:
                 repl = Repl(self.call_tool, signatures, limits=agent.repl_limits)
                 stack.push_async_callback(repl.aclose)
@@ -194,32 +359,63 @@ class _Run:
                     )
                 # The sandbox starts while the model streams its first tokens; the first block
                 # (and the first shadow) wait for it.
-                failure: Exception | None = None
+                stopped: Exception | None = None
                 async with anyio.create_task_group() as starter:
                     starter.start_soon(self._start_repl, repl, context)
                     try:
                         status, end, namespace = await self._converse()
                     except Exception as exc:  # raised below, outside the task group
-                        failure = exc
-                if failure is not None:
-                    raise failure
-        except (EngineError, ReplError) as exc:
-            end = self.stopped_s
-            status, error = "error", f"{type(exc).__name__}: {exc}"
+                        stopped = exc
+                if stopped is not None:
+                    raise stopped
+        except Exception as exc:
+            if _cancel_requested():  # the caller cancelled the run while it was failing
+                self._emit_stopped()
+                raise anyio.get_cancelled_exc_class()() from exc
+            failure = _stopping_failure(exc)
+            end = failure.at if isinstance(failure, _Failure) else self.trace.now()
+            status, error = "error", str(failure) if isinstance(failure, _Failure) \
+                else f"{type(failure).__name__}: {failure}"
             self.trace.emit("run_error", error=error)
+        except BaseException:
+            self._emit_stopped()
+            raise
         wall = self.trace.now() if end is None else end
         self.trace.emit("run_finished", status=status, answer=repr(self.answer)[:200])
         return RunResult(
             answer=self.answer, status=status, turns=self.turns, stats=self.stats,
             wall_s=wall, trace=self.trace, error=error, namespace=namespace,
+            exception=failure.cause if isinstance(failure, _Failure) else failure,
         )
+
+    def interrupted_result(self) -> RunResult:
+        """The run so far, after Ctrl-C stopped it (its trace ends with ``run_finished``)."""
+        if not self.trace.events or self.trace.events[-1].kind != "run_finished":
+            self._emit_stopped()
+        return RunResult(
+            answer=self.answer, status="interrupted", turns=self.turns, stats=self.stats,
+            wall_s=self.trace.now(), trace=self.trace, error=_INTERRUPTED,
+        )
+
+    def _emit_stopped(self) -> None:
+        """End the trace of a run that Ctrl-C interrupted or its caller cancelled."""
+        if self.interrupted:
+            self.trace.emit("run_error", error=_INTERRUPTED)
+        self.trace.emit("run_finished", status="interrupted" if self.interrupted else "cancelled",
+                        answer=repr(self.answer)[:200])
 
     async def _converse(self) -> tuple[str, float | None, dict[str, str] | None]:
         """The turns of the run: (status, end time, namespace summary)."""
         status, namespace = "max_turns", None
         messages = self._initial_messages()
         for index in range(self.agent.max_turns):
-            turn = await self._turn(index, messages)
+            try:
+                turn = await self._turn(index, messages)
+            except Exception as exc:  # the engine's, the sandbox's, or another part of the turn
+                failure = _stopping_failure(exc)
+                if not isinstance(failure, _Failure):
+                    failure = _Failure(f"turn {index}", failure, self.trace.now())
+                raise failure from exc
             if self.finished:
                 status = "final"
                 break
@@ -227,7 +423,8 @@ class _Run:
             messages.append({"role": "user", "content": turn.observation})
         end = self.trace.now()  # the answer is known; closing the sandbox is not waited on
         if self.agent.capture_namespace:
-            summary = await (await self._repl()).namespace_summary()
+            summary = await self._in_sandbox("capturing the namespace",
+                                             lambda repl: repl.namespace_summary())
             namespace = {k: f"{v.type_name}: {v.repr}" for k, v in summary.items()}
         return status, end, namespace
 
@@ -247,7 +444,7 @@ class _Run:
         send, receive = anyio.create_memory_object_stream[BlockClosed](math.inf)
         segmenter = CodeStream()
         text: list[str] = []
-        stream_error: EngineError | None = None
+        stream_error: _Failure | None = None
         if self.spec is not None:
             self.spec.start_turn(index)
 
@@ -257,41 +454,28 @@ class _Run:
                     if not self.finished:
                         await self._run_block(turn, block)
 
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(run_blocks)
-            with send:
-                try:
-                    stream = self.agent.engine.stream(messages, self.agent.sampling)
-                    async with contextlib.aclosing(stream) as deltas:
-                        async for delta in deltas:
-                            if delta.text:
-                                text.append(delta.text)
-                                self.trace.emit(
-                                    "delta", turn=index, chars=len(delta.text), text=delta.text
-                                )
-                                self._segment(turn, segmenter.feed(delta.text), send)
-                                if (self.spec is not None and "\n" in delta.text
-                                        and segmenter.in_block):
-                                    self.spec.open_block_grew(segmenter.open_tail)
-                            if delta.finish_reason is not None:
-                                turn.finish_reason = delta.finish_reason
-                            if delta.usage is not None:
-                                turn.completion_tokens = delta.usage.completion_tokens
-                            if self.finished:
-                                turn.finish_reason = "final"
-                                break
-                    self._segment(turn, segmenter.finish(), send)
-                except EngineError as exc:
-                    stream_error = exc
-                    self.stopped_s = self.trace.now()
-        if self.spec is not None:
-            await self.spec.end_turn()
-        if self._repl_error is not None:
-            self.stopped_s = self.trace.now()
-            raise self._repl_error
-        turn.response = "".join(text)
-        if stream_error is not None:
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(run_blocks)
+                with send:
+                    try:
+                        async with contextlib.aclosing(self._deltas(index, messages)) as deltas:
+                            async for delta in deltas:
+                                self._take(turn, delta, text, segmenter, send)
+                                if self.finished:
+                                    turn.finish_reason = "final"
+                                    break
+                        self._segment(turn, segmenter.finish(), send)
+                    except _Failure as failure:  # the blocks already closed still run
+                        stream_error = failure
+            if self.spec is not None:
+                await self.spec.end_turn()
+        finally:
+            turn.response = "".join(text)
             turn.finished_s = self.trace.now()
+        if self._repl_error is not None:
+            raise self._repl_error
+        if stream_error is not None:
             raise stream_error
         if not self.finished:
             await self._final_from_prose(turn)
@@ -299,13 +483,48 @@ class _Run:
             [(b.stdout, b.error) for b in turn.blocks], self.agent.max_observation_chars
         )
         for block in turn.blocks:
-            self.agent.engine.remember(block.code)
+            try:
+                self.agent.engine.remember(block.code)
+            except Exception as exc:
+                raise _Failure(f"{self._engine_where(index)}.remember()", exc,
+                               self.trace.now()) from exc
         turn.finished_s = self.trace.now()
         self.trace.emit(
             "turn_finished", turn=index, finish_reason=turn.finish_reason,
             completion_tokens=turn.completion_tokens,
         )
         return turn
+
+    async def _deltas(self, index: int, messages: Sequence[Message]) -> AsyncIterator[Delta]:
+        """The engine's stream for this turn; whatever it raises (or yields that is not a
+        `Delta` of text) becomes a `_Failure` of the engine."""
+        engine = self.agent.engine
+        try:
+            async with contextlib.aclosing(engine.stream(messages, self.agent.sampling)) as deltas:
+                async for delta in deltas:
+                    if not isinstance(delta, Delta) or not isinstance(delta.text, str):
+                        raise TypeError(f"the stream yielded {delta!r:.100}, not a Delta of text")
+                    yield delta
+        except Exception as exc:
+            raise _Failure(self._engine_where(index), exc, self.trace.now()) from exc
+
+    def _engine_where(self, index: int) -> str:
+        engine = self.agent.engine
+        return f"turn {index}, engine {getattr(engine, 'name', type(engine).__name__)!r}"
+
+    def _take(self, turn: TurnRecord, delta: Delta, text: list[str], segmenter: CodeStream,
+              send) -> None:
+        """Record one delta of the response and pass its code on."""
+        if delta.text:
+            text.append(delta.text)
+            self.trace.emit("delta", turn=turn.index, chars=len(delta.text), text=delta.text)
+            self._segment(turn, segmenter.feed(delta.text), send)
+            if self.spec is not None and "\n" in delta.text and segmenter.in_block:
+                self.spec.open_block_grew(segmenter.open_tail)
+        if delta.finish_reason is not None:
+            turn.finish_reason = delta.finish_reason
+        if delta.usage is not None:
+            turn.completion_tokens = delta.usage.completion_tokens
 
     def _segment(self, turn: TurnRecord, events: list, send) -> None:
         for ev in events:
@@ -340,7 +559,14 @@ class _Run:
         self._current_block = (turn.index, block.block_index)
         if self.spec is not None:
             self.spec.block_started(block.block_index)
-        result = await self.repl.execute(block.code)
+        try:
+            result = await self._in_sandbox(f"turn {turn.index}, block {block.block_index}",
+                                            lambda repl: repl.execute(block.code))
+        except _Failure as failure:
+            record.error, record.finished_s = str(failure), failure.at
+            self.trace.emit("exec_finished", turn=turn.index, block=block.block_index,
+                            error=record.error, final=False)
+            raise
         if self.spec is not None:
             self.spec.block_executed(block.block_index)
         record.stdout, record.error = result.stdout, result.error
@@ -358,11 +584,14 @@ class _Run:
         prose = _FENCED.sub("", turn.response)
         match = _TEXT_FINAL_VAR.search(prose)
         if match:
-            repl = await self._repl()
+            name = match.group(1)
             try:
-                self.answer = await repl.get_variable(match.group(1))
-            except (KeyError, NameError):
-                return
+                self.answer = await self._in_sandbox(f"turn {turn.index}, FINAL_VAR({name})",
+                                                     lambda repl: repl.get_variable(name))
+            except _Failure as failure:
+                if isinstance(failure.cause, (KeyError, NameError)):
+                    return  # no such variable: not an answer
+                raise
             self.finished = True
             return
         match = _TEXT_FINAL.search(prose)

@@ -5,6 +5,7 @@ They live with the agent (not in ``tools/``) because they are backed by an engin
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import anyio
@@ -24,6 +25,8 @@ def make_llm_tools(
     Each prompt is sent as one user message and answered with ``params``. ``max_concurrency``
     bounds the generations these two tools run at once, together (a batch counts one per prompt).
     Both tools are marked ``speculate=True``: asking the model a question has no side effects.
+    They have no tool timeout (``math.inf``): a generation is bounded by its engine (``max_tokens``,
+    the OpenAI engine's deadlines) and the cell's wall-clock limit.
     """
     limiter: anyio.CapacityLimiter | None = None
 
@@ -58,8 +61,8 @@ def make_llm_tools(
         return replies
 
     return [
-        Tool(llm_query, speculate=True, max_concurrency=max_concurrency),
-        Tool(llm_query_batched, speculate=True),
+        Tool(llm_query, speculate=True, timeout=math.inf, max_concurrency=max_concurrency),
+        Tool(llm_query_batched, speculate=True, timeout=math.inf),
     ]
 
 

@@ -1,4 +1,4 @@
-"""What a run returns: `RunResult`, its per-turn records and statistics."""
+"""What a run returns: `RunResult`, its per-turn records and statistics; `RunInterrupted`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from .trace import Trace
 
-RunStatus = Literal["final", "max_turns", "error"]
+RunStatus = Literal["final", "max_turns", "error", "interrupted"]
 
 
 @dataclass
@@ -88,15 +88,20 @@ class RunResult:
     wall_s: float
     trace: Trace
     error: str | None = None
-    """Why the run stopped, when ``status == "error"``."""
+    """Why the run stopped, when ``status`` is ``"error"`` or ``"interrupted"``: where it failed
+    (``"turn 1, engine 'openai'"``, ``"turn 0, block 2, sandbox"``, ...), the exception's type and
+    message."""
     namespace: dict[str, str] | None = None
     """The REPL's final variables (``"type: repr"``), with ``Agent(capture_namespace=True)``."""
+    exception: BaseException | None = None
+    """The exception behind ``error`` (with its traceback), when there is one."""
 
     @property
     def ok(self) -> bool:
         return self.status == "final"
 
     def to_dict(self) -> dict[str, Any]:
+        """Everything but ``exception``, as plain data (``error`` describes it)."""
         return {
             "answer": self.answer,
             "status": self.status,
@@ -107,3 +112,12 @@ class RunResult:
             "turns": [asdict(t) for t in self.turns],
             "trace": self.trace.to_dict(),
         }
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C stopped `Agent.run_sync`; ``result`` is the run up to then (``status ==
+    "interrupted"``, its turns and its trace, which ends with ``run_error`` and ``run_finished``)."""
+
+    def __init__(self, result: RunResult) -> None:
+        super().__init__("the run was interrupted (Ctrl-C); the run so far is in .result")
+        self.result = result

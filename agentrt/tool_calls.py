@@ -6,7 +6,7 @@ import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from agentrt.tools import ToolRegistry
+from agentrt.tools import ToolError, ToolRegistry
 
 from .results import RunStats
 from .trace import Trace
@@ -19,15 +19,21 @@ async def traced_call(registry: ToolRegistry, trace: Trace, stats: RunStats, nam
 
     ``mode`` is ``"sync"`` (the authoritative run) or ``"early"`` (a speculative launch);
     ``where`` adds fields to ``tool_started`` (turn, block, lineno). The tool's exception, if
-    any, is re-raised after ``tool_finished`` records it.
+    any, is re-raised after ``tool_finished`` records it (as a `ToolError` when the exception
+    cannot even be turned into text).
     """
     stats.tool_calls[name] += 1
     trace.emit("tool_started", call_id=call_id, tool=name, mode=mode, **where)
     try:
         result = await registry.call(name, args, kwargs)
     except BaseException as exc:
-        trace.emit("tool_finished", call_id=call_id, tool=name, mode=mode,
-                   error=f"{type(exc).__name__}: {exc}")
+        try:
+            error = f"{type(exc).__name__}: {exc}"
+        except Exception as unprintable:
+            error = f"{type(exc).__name__} (its str() raised {type(unprintable).__name__})"
+            trace.emit("tool_finished", call_id=call_id, tool=name, mode=mode, error=error)
+            raise ToolError(f"{name}() raised {error}") from exc
+        trace.emit("tool_finished", call_id=call_id, tool=name, mode=mode, error=error)
         raise
     trace.emit("tool_finished", call_id=call_id, tool=name, mode=mode, error=None)
     return result

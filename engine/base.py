@@ -7,7 +7,8 @@ where the backend has them, speculative-decoding ``metrics``.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+import math
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -27,7 +28,11 @@ class EngineStreamError(EngineError):
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to sample one generation. ``temperature == 0`` means greedy."""
+    """How to sample one generation. ``temperature == 0`` means greedy.
+
+    Every field is checked when the object is built: a wrong type, a value out of range or a
+    non-finite float is a `ValueError` naming the field.
+    """
 
     max_tokens: int = 1024
     temperature: float = 0.0
@@ -36,21 +41,74 @@ class SamplingParams:
     top_p: float = 1.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
-    """Generation ends when any of these strings appears; the stop string is not emitted."""
+    """Generation ends when any of these strings appears; the stop string is not emitted (one
+    string may be given alone)."""
     priority: int = 0
     """Scheduling priority where the backend batches requests: lower values are served first
     (the native engine's policy is in docs/engine.md); backends without one ignore it."""
 
     def __post_init__(self) -> None:
+        for name in ("max_tokens", "top_k", "priority"):
+            _require_int(name, getattr(self, name))
+        if self.seed is not None:
+            _require_int("seed", self.seed)
+            if not -2**63 <= self.seed < 2**64:
+                raise ValueError(f"SamplingParams.seed must fit in 64 bits, got {self.seed}")
+        for name in ("temperature", "top_p"):
+            _require_finite(name, getattr(self, name))
         if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+            raise ValueError(f"SamplingParams.max_tokens must be >= 1, got {self.max_tokens}")
         if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+            raise ValueError(f"SamplingParams.temperature must be >= 0, got {self.temperature}")
         if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+            raise ValueError(f"SamplingParams.top_k must be >= 0, got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        object.__setattr__(self, "stop", tuple(self.stop))
+            raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
+        stop = (self.stop,) if isinstance(self.stop, str) else self.stop
+        try:
+            stop = tuple(stop)
+        except TypeError:
+            raise ValueError(f"SamplingParams.stop must be a string or a sequence of strings, "
+                             f"got {type(self.stop).__name__}") from None
+        if not all(isinstance(s, str) for s in stop):
+            raise ValueError(f"SamplingParams.stop must hold strings only, got {stop!r:.200}")
+        object.__setattr__(self, "stop", stop)
+
+
+def _require_int(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"SamplingParams.{name} must be an int, got {value!r:.100} "
+                         f"({type(value).__name__})")
+
+
+def _require_finite(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"SamplingParams.{name} must be a finite number, got {value!r:.100}")
+
+
+CHAT_ROLES = frozenset({"system", "user", "assistant"})
+
+
+def check_messages(messages: object, roles: frozenset[str] = CHAT_ROLES) -> list[Message]:
+    """``messages`` as a list of fresh ``{"role", "content"}`` dicts, or a `ValueError` naming
+    the first message and field that is wrong (not a dict, an unknown role, content not text)."""
+    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
+        raise ValueError(f"messages must be a list of {{'role': ..., 'content': ...}} dicts, "
+                         f"got {type(messages).__name__}")
+    checked: list[Message] = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, Mapping):
+            raise ValueError(f"messages[{i}] must be a dict with 'role' and 'content', got "
+                             f"{type(message).__name__}: {message!r:.100}")
+        role, content = message.get("role"), message.get("content")
+        if role not in roles:
+            raise ValueError(f"messages[{i}]['role'] must be one of {sorted(roles)}, "
+                             f"got {role!r:.100}")
+        if not isinstance(content, str):
+            raise ValueError(f"messages[{i}]['content'] must be a str, got "
+                             f"{type(content).__name__}: {content!r:.100}")
+        checked.append({"role": role, "content": content})
+    return checked
 
 
 @dataclass

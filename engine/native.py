@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import itertools
 import logging
 import os
@@ -42,7 +43,7 @@ import torch
 
 from agentrt.kernels import greedy_verify, probs_from_logits, sample, stochastic_verify
 
-from .base import BaseEngine, Delta, EngineError, Message, SamplingParams, Usage
+from .base import BaseEngine, Delta, EngineError, Message, SamplingParams, Usage, check_messages
 from .kv_cache import DEFAULT_BLOCK_SIZE, KVPool
 from .llama import SeqRows, Transformer
 from .metrics import BatchMetrics, SpecMetrics
@@ -450,13 +451,25 @@ class NativeEngine(BaseEngine):
                      *, forced_text: str | None = None) -> AsyncIterator[Delta]:
         """Stream the reply to ``messages``; the last delta has finish_reason, usage, metrics.
 
+        Messages (a list of dicts, a known role, str content) and ``params`` are checked first:
+        a `ValueError` names what is wrong. ``max_tokens`` is bounded by what the context can
+        hold (``max_seq_len`` and the KV budget): a request that reaches that bound ends with
+        ``finish_reason="length"``, alone or in any batch.
+
         ``forced_text``: teacher-force this reply instead of the model's (see `ForcedEngine`):
         the request runs as any other, but each verify step takes the script's tokens (the
-        text's encoding, then the end-of-turn token) as the target's."""
+        text's encoding, then the end-of-turn token) as the target's.
+        """
         if self._closed:
             raise EngineError("engine is closed")
-        params = params or SamplingParams()
+        params = SamplingParams() if params is None else params
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
+        messages = check_messages(messages)
         loop = asyncio.get_running_loop()
+        # the template and the tokenizer run here, not on the engine's thread: a huge prompt
+        # must not hold up the requests being served
+        prompt = await asyncio.to_thread(self.tokenizer.encode_chat, messages)
         inbox: asyncio.Queue = asyncio.Queue()
 
         def emit(item: object) -> bool:
@@ -466,7 +479,7 @@ class NativeEngine(BaseEngine):
             except RuntimeError:  # the consumer's event loop is gone
                 return False
 
-        job = Job([dict(m) for m in messages], params, emit, forced_text=forced_text)
+        job = Job(messages, params, emit, prompt_ids=prompt, forced_text=forced_text)
         self._jobs.put(job)
         try:
             while True:
@@ -585,14 +598,19 @@ class NativeEngine(BaseEngine):
                 item.emit(_engine_error(exc))
 
     def _new_sequence(self, job: Job) -> RequestState:
-        params = job.params
-        prompt = self.tokenizer.encode_chat(job.messages)
+        prompt = (job.prompt_ids if job.prompt_ids is not None
+                  else self.tokenizer.encode_chat(job.messages))
         if len(prompt) + 1 > self.max_seq_len:
             raise EngineError(f"prompt of {len(prompt)} tokens does not fit max_seq_len={self.max_seq_len}")
         if self.pool.blocks_for(len(prompt) + 1) > self.pool.num_blocks:
             raise EngineError(
                 f"prompt of {len(prompt)} tokens needs more KV cache than the whole budget holds "
                 f"({self.pool.capacity_tokens} tokens in kv_cache_bytes={self.kv_cache_bytes})")
+        # what the context can hold bounds the output before any per-request state is built
+        context = min(self.max_seq_len, self.pool.capacity_tokens)
+        if job.params.max_tokens > context - len(prompt):
+            job.params = dataclasses.replace(job.params, max_tokens=context - len(prompt))
+        params = job.params
         uniforms = Uniforms(self._seed_for(params), params.max_tokens + self.max_k + 2, self.device)
         metrics = SpecMetrics(lossy=self.acceptance_threshold < 1.0)
         seq = RequestState(job, prompt, next(self._arrivals), uniforms,
@@ -769,7 +787,7 @@ class NativeEngine(BaseEngine):
     def _grow(self, seq: RequestState, rows: int) -> int:
         """Make blocks hold ``rows`` more rows of ``seq`` (fewer when the pool runs out; less
         urgent sequences are preempted for its first row). Returns the rows that fit, 0 when
-        ``seq`` itself had to wait."""
+        requests at least as urgent hold every block (``seq`` must then wait)."""
         pool = self.pool
         while pool.blocks_for(seq.computed + rows) > len(seq.blocks):
             block = pool.allocate()
@@ -854,8 +872,8 @@ class NativeEngine(BaseEngine):
             drafted, draft = plans[seq]
             rows = self._grow(seq, 1 + len(drafted))
             if rows == 0:
-                if seq in self._running:  # alone and out of memory: its context is full
-                    self._finish(seq, "length", seq.out.finish(), [])
+                if seq in self._running:  # more urgent requests hold every block: wait
+                    self._preempt(seq)
                 continue
             entries.append((seq, rows, drafted[:rows - 1], draft, True))
             used += rows

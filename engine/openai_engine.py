@@ -12,7 +12,15 @@ Failure policy:
   connection, a stalled stream or an error event becomes `EngineStreamError`;
 - other 4xx answers become `EngineHTTPError` with the server's own message, at once;
 - a read timeout (``timeout``: the longest silence allowed between two chunks) before any text is
-  an `EngineError` naming the timeout; it is not retried (the server is alive, just slow).
+  an `EngineError` naming the timeout; it is not retried (the server is alive, just slow);
+- every event is checked against the shape of a streaming chunk (``choices`` a list of objects,
+  text a string, ``usage`` counts non-negative integers, ...): one that is not is an
+  `EngineStreamError` naming the URL, what is wrong and the event (truncated); a ``data`` line
+  without a payload is skipped;
+- two deadlines end streams that send bytes but make no progress: ``progress_timeout`` bounds
+  the wait for the next complete event (keep-alive comments and partial lines don't count: a
+  trickle of bytes or an endless run of keep-alives is cut), ``total_timeout`` the whole
+  generation, retries included. Either ends the stream with an `EngineStreamError`, not retried.
 
 Speculative-decoding metrics (see `agentrt.engine.spec_config`), when the server is vLLM:
 
@@ -29,10 +37,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import anyio
 import httpx
@@ -45,6 +54,7 @@ RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 """HTTP statuses retried before the first token (5xx of a busy or restarting server, 429, 408)."""
 
 PromptBuilder = Callable[[Sequence[Message]], str]
+_T = TypeVar("_T")
 
 
 class EngineHTTPError(EngineError):
@@ -84,6 +94,8 @@ class _Progress:
     last_text_at: float | None = None
     spec_summary: dict[str, Any] | None = None
     """vLLM's per-request ``metrics.speculative_decoding``, when the server sends it."""
+    deadline: float = math.inf
+    """When the whole generation must have ended (``time.monotonic()``; ``total_timeout``)."""
 
 
 class OpenAIEngine(BaseEngine):
@@ -93,7 +105,10 @@ class OpenAIEngine(BaseEngine):
     ``http://127.0.0.1:8000/v1``). ``api="chat"`` sends the messages (the server applies the
     model's chat template); ``api="completions"`` sends ``prompt_builder(messages)`` as a raw
     prompt, by default the last user message verbatim, with no template. ``timeout`` is the read
-    timeout (longest silence between chunks), ``connect_timeout`` the TCP connect timeout.
+    timeout (longest silence between chunks), ``connect_timeout`` the TCP connect timeout,
+    ``progress_timeout`` the longest wait for the next complete event (the minimum progress a
+    stream must make: one event per ``progress_timeout`` seconds), ``total_timeout`` the longest
+    a whole generation may take, retries included (None turns either off).
     ``extra_body`` is merged into every request body last (vLLM extras such as
     ``repetition_penalty``). ``server_metrics``: read vLLM's ``/metrics`` around each generation
     (True), never (False), or only when the server turns out to be vLLM (None, the default).
@@ -112,6 +127,8 @@ class OpenAIEngine(BaseEngine):
         *,
         timeout: float = 120.0,
         connect_timeout: float = 10.0,
+        progress_timeout: float | None = 120.0,
+        total_timeout: float | None = 900.0,
         max_retries: int = 3,
         backoff: float = 0.5,
         max_backoff: float = 8.0,
@@ -126,6 +143,10 @@ class OpenAIEngine(BaseEngine):
             raise ValueError(f"max_retries must be >= 0, got {max_retries}")
         if timeout <= 0 or connect_timeout <= 0:
             raise ValueError("timeout and connect_timeout must be > 0")
+        for name, value in (("progress_timeout", progress_timeout),
+                            ("total_timeout", total_timeout)):
+            if value is not None and not value > 0:
+                raise ValueError(f"{name} must be > 0 or None, got {value!r}")
         root = base_url.rstrip("/")
         if root.endswith("/v1"):
             root = root[: -len("/v1")]
@@ -136,6 +157,8 @@ class OpenAIEngine(BaseEngine):
         self.api = api
         self.timeout = float(timeout)
         self.connect_timeout = float(connect_timeout)
+        self.progress_timeout = None if progress_timeout is None else float(progress_timeout)
+        self.total_timeout = None if total_timeout is None else float(total_timeout)
         self.max_retries = max_retries
         self.backoff = float(backoff)
         self.max_backoff = float(max_backoff)
@@ -159,9 +182,10 @@ class OpenAIEngine(BaseEngine):
         """Stream the reply to ``messages``; the last delta has finish_reason, usage, metrics."""
         params = params or SamplingParams()
         body = self.request_body(messages, params)
-        before = await self._counters_if_tracked()
         start = time.monotonic()
-        progress = _Progress()
+        progress = _Progress(deadline=math.inf if self.total_timeout is None
+                             else start + self.total_timeout)
+        before = await self._counters_if_tracked()
         final: Delta | None = None
         for attempt in range(self.max_retries + 1):
             try:
@@ -173,11 +197,12 @@ class OpenAIEngine(BaseEngine):
                             yield delta
                 break
             except _Retry as retry:
-                if attempt == self.max_retries:
+                delay = self._delay(attempt, retry.retry_after)
+                if attempt == self.max_retries or time.monotonic() + delay >= progress.deadline:
                     error = retry.error
                     error.args = (f"{error} (gave up after {attempt + 1} attempts)",)
                     raise error from error.__cause__
-                await anyio.sleep(self._delay(attempt, retry.retry_after))
+                await anyio.sleep(delay)
         assert final is not None and final.usage is not None
         final.metrics = await self._generation_metrics(before, final.usage, start, progress)
         yield final
@@ -216,9 +241,13 @@ class OpenAIEngine(BaseEngine):
     async def server_counters(self) -> SpecCounters | None:
         """One reading of a vLLM server's ``/metrics`` counters, or None when there are none."""
         client = self._http()
-        try:
-            response = await client.get(self.metrics_url, headers={"Accept": "text/plain"})
-        except httpx.HTTPError:
+        response = None
+        with anyio.move_on_after(self.timeout):  # a trickling /metrics must not hold anything up
+            try:
+                response = await client.get(self.metrics_url, headers={"Accept": "text/plain"})
+            except httpx.HTTPError:
+                return None
+        if response is None:
             return None
         if response.status_code != 200 or "vllm:" not in response.text:
             return None
@@ -244,16 +273,22 @@ class OpenAIEngine(BaseEngine):
         usage: Usage | None = None
         done = False
         try:
-            async with client.stream("POST", self.api_url, json=body) as response:
+            async with contextlib.AsyncExitStack() as stack:
+                response = await self._in_time(progress, stack.enter_async_context(
+                    client.stream("POST", self.api_url, json=body)))
                 if response.status_code >= 400:
-                    await response.aread()
+                    await self._in_time(progress, response.aread())
                     error = EngineHTTPError(
                         self.api_url, response.status_code, _error_message(response)
                     )
                     if response.status_code in RETRYABLE_STATUS:
                         raise _Retry(error, _retry_after(response))
                     raise error
-                async for data in _sse_data(response.aiter_lines()):
+                events = await stack.enter_async_context(
+                    contextlib.aclosing(_sse_data(response.aiter_lines())))
+                while (data := await self._next_event(events, progress)) is not None:
+                    if not data.strip():
+                        continue  # a `data` line without a payload: nothing to read
                     if data.strip() == "[DONE]":
                         done = True
                         break
@@ -278,7 +313,7 @@ class OpenAIEngine(BaseEngine):
             raise EngineError(
                 f"{self.api_url}: no response within {self.timeout:g} s (read timeout)"
             ) from exc
-        except (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError) as exc:
+        except httpx.HTTPError as exc:  # refused or dropped connection, protocol or decoding error
             if progress.text_chars:
                 raise self._broken(progress, _describe(exc)) from exc
             error = EngineError(f"cannot reach {self.api_url}: {_describe(exc)}")
@@ -292,21 +327,50 @@ class OpenAIEngine(BaseEngine):
             usage = Usage(prompt_tokens=0, completion_tokens=progress.text_chunks)
         yield Delta(text="", finish_reason=finish or "stop", usage=usage)
 
+    async def _in_time(self, progress: _Progress, awaitable: Awaitable[_T]) -> _T:
+        """``await awaitable`` before the generation's deadline (``total_timeout``)."""
+        with anyio.move_on_after(progress.deadline - time.monotonic()):
+            return await awaitable
+        raise self._too_slow(progress, "total")
+
+    async def _next_event(self, events: AsyncIterator[str], progress: _Progress) -> str | None:
+        """The next event's data (None at the end), within ``progress_timeout`` and the deadline."""
+        now = time.monotonic()
+        wait = math.inf if self.progress_timeout is None else self.progress_timeout
+        with anyio.move_on_after(min(wait, progress.deadline - now)):
+            return await anext(events, None)
+        raise self._too_slow(progress, "total" if now + wait > progress.deadline else "progress")
+
+    def _too_slow(self, progress: _Progress, which: Literal["total", "progress"]) -> EngineStreamError:
+        if which == "total":
+            reason = (f"the generation did not finish within {self.total_timeout:g} s "
+                      "(total_timeout)")
+        else:
+            reason = (f"no complete event for {self.progress_timeout:g} s (progress_timeout): "
+                      "the server sent only keep-alives or partial data")
+        if progress.text_chars:
+            return self._broken(progress, reason)
+        return EngineStreamError(f"{self.api_url}: {reason}")
+
     def _decode(self, data: str, progress: _Progress) -> dict[str, Any]:
         try:
             chunk = json.loads(data)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):
             message = f"unparseable event from {self.api_url}: {data[:200]!r}"
             if progress.text_chars:
                 raise self._broken(progress, message) from None
             raise EngineError(message) from None
-        if not isinstance(chunk, dict):
-            raise EngineError(f"unexpected event from {self.api_url}: {data[:200]!r}")
-        if "error" in chunk or chunk.get("object") == "error":
+        if isinstance(chunk, dict) and ("error" in chunk or chunk.get("object") == "error"):
             message = _message_of(chunk) or data[:300]
             if progress.text_chars:
                 raise self._broken(progress, f"server error event: {message}")
             raise EngineError(f"{self.api_url} sent an error event: {message}")
+        problem = _chunk_problem(chunk)
+        if problem is not None:
+            reason = f"malformed chunk ({problem}): {data[:200]!r}"
+            if progress.text_chars:
+                raise self._broken(progress, reason)
+            raise EngineStreamError(f"{self.api_url} sent a {reason}")
         return chunk
 
     def _broken(self, progress: _Progress, reason: str) -> EngineStreamError:
@@ -396,7 +460,55 @@ async def _sse_data(lines: AsyncIterator[str]) -> AsyncIterator[str]:
         yield "\n".join(data)
 
 
+def _chunk_problem(chunk: Any) -> str | None:
+    """What is wrong with a streaming chunk's shape (None when nothing is)."""
+    if not isinstance(chunk, dict):
+        return f"an event must be a JSON object, got {_type_of(chunk)}"
+    choices = chunk.get("choices")
+    if choices is not None and not isinstance(choices, list):
+        return f"'choices' must be a list, got {_type_of(choices)}"
+    for i, choice in enumerate(choices or ()):
+        if not isinstance(choice, dict):
+            return f"choices[{i}] must be an object, got {_type_of(choice)}"
+        delta = choice.get("delta")
+        if delta is not None and not isinstance(delta, dict):
+            return f"choices[{i}].delta must be an object, got {_type_of(delta)}"
+        for where, value in ((f"choices[{i}].delta.content", (delta or {}).get("content")),
+                             (f"choices[{i}].text", choice.get("text")),
+                             (f"choices[{i}].finish_reason", choice.get("finish_reason"))):
+            if value is not None and not isinstance(value, str):
+                return f"{where} must be a string, got {_type_of(value)}"
+    usage = chunk.get("usage")
+    if usage is not None:
+        if not isinstance(usage, dict):
+            return f"'usage' must be an object, got {_type_of(usage)}"
+        for key in ("prompt_tokens", "completion_tokens"):
+            if not _is_count(usage.get(key)):
+                return f"usage.{key} must be a non-negative integer, got {usage.get(key)!r:.50}"
+    for key, value in (_spec_summary(chunk) or {}).items():
+        counts = value if key in ("acceptance_histogram", "per_step_drafted") else [value]
+        if key in _SUMMARY_FIELDS and not (isinstance(counts, list)
+                                           and all(_is_count(c) for c in counts)):
+            return (f"metrics.speculative_decoding.{key} must hold non-negative integers, "
+                    f"got {value!r:.50}")
+    return None
+
+
+_SUMMARY_FIELDS = frozenset({"acceptance_histogram", "per_step_drafted", "num_spec_steps",
+                             "num_accepted_draft_tokens", "num_spec_tokens", "num_draft_tokens"})
+"""Fields of vLLM's per-request summary that `spec_metrics_from_request` reads."""
+
+
+def _is_count(value: Any) -> bool:
+    return value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0)
+
+
+def _type_of(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
 def _choice_text(choice: dict[str, Any]) -> str:
+
     delta = choice.get("delta")
     if isinstance(delta, dict):
         return delta.get("content") or ""

@@ -34,6 +34,9 @@ class Job:
     emit: Callable[[object], bool]
     cancelled: threading.Event = field(default_factory=threading.Event)
     submitted: float = field(default_factory=time.perf_counter)
+    prompt_ids: list[int] | None = None
+    """The prompt's token ids when the caller has already rendered them (None: the worker
+    renders ``messages``)."""
     forced_text: str | None = None
     """A scripted reply to teacher-force instead of the model's choices (see `forced_verify`)."""
 

@@ -6,7 +6,13 @@ Each POST to ``/v1/chat/completions`` or ``/v1/completions`` takes the next scri
   of the path asked for; it can pause between pieces or hang up after ``drop_after`` pieces;
 - `Status`: an HTTP error with an OpenAI-style JSON error body;
 - `Stall`: say nothing for a while (a slow server), then hang up;
-- `Hangup`: close the connection without answering.
+- `Hangup`: close the connection without answering;
+- `Raw`: a 200 SSE response written exactly as scripted (malformed chunks, bare ``data`` lines),
+  optionally one byte at a time (a trickle), then ended, hung up, followed by keep-alive
+  comments forever, or by its last event repeated forever.
+
+`chunk` builds one well-formed chat chunk event; tests break it with ``**fields``. `engine_for`
+makes an `OpenAIEngine` for a server with test-speed retry and timeout settings.
 
 POSTs are recorded (`requests`) so tests can count attempts and read what was sent; GETs in `gets`.
 ``GET /metrics`` serves `metrics_text` (404 when None), ``GET /health`` answers 200.
@@ -21,7 +27,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Literal
 
 
 @dataclass
@@ -58,7 +64,29 @@ class Hangup:
     pass
 
 
-Action = Stream | Status | Stall | Hangup
+@dataclass
+class Raw:
+    events: list[str]
+    """Text written in order (each item as it is: SSE events end with a blank line)."""
+    delay_s: float = 0.0
+    """Pause before each item after the first (and between repeats or keep-alives)."""
+    byte_delay_s: float | None = None
+    """Write one byte at a time, this far apart (a server that trickles)."""
+    then: Literal["end", "hang_up", "keep_alive", "repeat"] = "end"
+    """After the items: end the response, hang up, send ``: keep-alive`` comments forever, or
+    send the last item again forever."""
+
+
+Action = Stream | Status | Stall | Hangup | Raw
+
+
+def chunk(content: str | None = "", finish_reason: str | None = None, **fields: Any) -> str:
+    """One chat chunk event (``data: {...}`` and a blank line); ``fields`` replace top-level keys
+    (``choices=[None]``, ``usage={...}``)."""
+    choice = {"index": 0, "delta": {"content": content}, "finish_reason": finish_reason}
+    payload = {"id": "cmpl-fake", "object": "chat.completion.chunk", "model": "fake-model",
+               "choices": [choice], **fields}
+    return "data: " + json.dumps(payload) + "\n\n"
 
 
 @dataclass
@@ -66,6 +94,15 @@ class Recorded:
     path: str
     body: dict[str, Any]
     headers: dict[str, str] = field(default_factory=dict)
+
+
+def engine_for(server: FakeOpenAIServer, **kwargs: Any):
+    """An `OpenAIEngine` for ``server`` (back-off 10 ms, read timeout 5 s unless given)."""
+    from agentrt.engine.openai_engine import OpenAIEngine
+
+    kwargs.setdefault("backoff", 0.01)
+    kwargs.setdefault("timeout", 5.0)
+    return OpenAIEngine(server.url + "/v1", "fake-model", **kwargs)
 
 
 class FakeOpenAIServer:
@@ -186,6 +223,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._hang_up()
         elif isinstance(action, Hangup):
             self._hang_up()
+        elif isinstance(action, Raw):
+            self._raw(action)
         else:
             self._stream(action, chat=self.path.endswith("chat/completions"))
 
@@ -232,6 +271,34 @@ class _Handler(BaseHTTPRequestHandler):
         if action.send_done:
             self._write_chunk(b"data: [DONE]\n\n")
         self._write_chunk(b"")
+
+    def _raw(self, action: Raw) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        stopping = self.fake._stopping
+        try:
+            for i, item in enumerate(action.events):
+                if i and action.delay_s and stopping.wait(action.delay_s):
+                    return
+                if action.byte_delay_s is None:
+                    self._write_chunk(item.encode())
+                    continue
+                for byte in item.encode():
+                    self._write_chunk(bytes([byte]))
+                    if stopping.wait(action.byte_delay_s):
+                        return
+            if action.then in ("keep_alive", "repeat"):
+                item = ": keep-alive\n\n" if action.then == "keep_alive" else action.events[-1]
+                while not stopping.wait(action.delay_s or 0.05):
+                    self._write_chunk(item.encode())
+            elif action.then == "hang_up":
+                self._hang_up()
+            else:
+                self._write_chunk(b"")
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True  # the client gave up: that is what these tests want
 
     def _event(self, payload: dict[str, Any]) -> None:
         self._write_chunk(b"data: " + json.dumps(payload).encode() + b"\n\n")

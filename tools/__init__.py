@@ -13,14 +13,17 @@ _EXPORTS = {
     "tool": "definition", "Tool": "definition", "ToolRegistry": "registry",
     "ToolError": "errors", "ToolArgumentError": "errors", "ToolTimeoutError": "errors",
     "UnknownToolError": "errors", "ToolDefinitionError": "errors",
-    "UnkeyableArgumentsError": "errors",
+    "UnkeyableArgumentsError": "errors", "ToolCancelledError": "errors",
+    "DEFAULT_TOOL_TIMEOUT_S": "definition",
 }
 
 __all__ = list(_EXPORTS)
 
 if TYPE_CHECKING:  # pragma: no cover
+    from .definition import DEFAULT_TOOL_TIMEOUT_S
     from .errors import (
         ToolArgumentError,
+        ToolCancelledError,
         ToolDefinitionError,
         ToolError,
         ToolTimeoutError,

@@ -5,34 +5,54 @@ runtime goes through `Tool.invoke`, which validates the arguments with a pydanti
 the signature (lax mode: ``"3"`` is accepted for an ``int``), then runs the function: sync functions
 in a worker thread, async functions awaited.
 
-Timeouts: a call that runs past ``timeout`` raises `ToolTimeoutError` promptly. A *sync* function
-can't be interrupted, so its worker thread is abandoned and keeps running in the background until
-the function returns on its own; the same goes for a sync call whose caller is cancelled. The
-``max_concurrency`` slot of an abandoned call is released when the caller gives up on it.
+Timeouts: every call has one. A tool's own ``timeout`` wins; a tool without one gets the default
+of whoever runs it (`ToolRegistry`'s ``default_timeout``, `Agent`'s ``tool_timeout``, else
+`DEFAULT_TOOL_TIMEOUT_S`); ``math.inf`` means no limit. A call that runs past its timeout raises
+`ToolTimeoutError` promptly. A *sync* function can't be interrupted, so its thread is abandoned
+and keeps running in the background until the function returns on its own; the same goes for a
+sync call whose caller is cancelled. Those threads are daemon threads (they never hold up the
+process's exit); while `MAX_ABANDONED_CALLS` abandoned calls of one tool still run, its new calls
+fail at once with `ToolError`. The ``max_concurrency`` slot of an abandoned call is released when
+the caller gives up on it.
+
+Cancellation: a call cancelled by its caller (a timeout, a cancelled run) ends with the caller's
+cancellation. A tool that raises `asyncio.CancelledError` (or ``SystemExit``) when nothing
+cancelled it, for instance by awaiting a task that something else cancelled, fails with
+`ToolCancelledError`, an ordinary error of that call.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import contextvars
 import functools
 import inspect
 import json
 import keyword
 import math
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Annotated, Any, get_args, get_origin, overload
 
 import anyio
-import anyio.to_thread
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from pydantic.json_schema import GenerateJsonSchema
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from .errors import (
     ToolArgumentError,
+    ToolCancelledError,
     ToolDefinitionError,
+    ToolError,
     ToolTimeoutError,
     UnkeyableArgumentsError,
 )
+
+DEFAULT_TOOL_TIMEOUT_S = 60.0
+"""The time limit of a call of a tool that sets none, unless its registry or agent sets another."""
+MAX_ABANDONED_CALLS = 16
+"""Sync calls of one tool that may still run after their callers gave up; past it, calls fail."""
 
 _P = inspect.Parameter
 _POSITIONAL = (_P.POSITIONAL_ONLY, _P.POSITIONAL_OR_KEYWORD)
@@ -42,9 +62,10 @@ class Tool:
     """A function the agent's code can call, with validated arguments and limits.
 
     Attributes: ``name``, ``speculate`` (safe to run before its statement really executes: pure,
-    read-only or idempotent), ``timeout`` (seconds or None), ``max_concurrency`` (calls of this tool
-    in flight at once, or None), ``description`` (default: first paragraph of the docstring),
-    ``is_async`` and ``func`` (the wrapped function).
+    read-only or idempotent), ``timeout`` (seconds; ``math.inf``: no limit; None: the default of
+    whoever runs it, see the module docstring), ``max_concurrency`` (calls of this tool in flight
+    at once, or None), ``description`` (default: first paragraph of the docstring), ``is_async``
+    and ``func`` (the wrapped function).
     """
 
     def __init__(
@@ -82,6 +103,7 @@ class Tool:
         self._fields = {p.name: f"p{i}" for i, p in enumerate(self._params)}
         self._model = _arguments_model(self.name, self._params, self._fields)
         self._limiter: anyio.CapacityLimiter | None = None
+        self._abandoned: set[threading.Thread] = set()
 
     # -- calling -----------------------------------------------------------------------------
 
@@ -103,32 +125,67 @@ class Tool:
             raise ToolArgumentError(self.name, _validation_problems(exc)) from None
         return {p.name: getattr(model, self._fields[p.name]) for p in self._params}
 
-    async def invoke(self, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None) -> Any:
-        """Validate the arguments, then run the tool under its timeout and concurrency limit."""
+    async def invoke(self, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None, *,
+                     default_timeout: float = DEFAULT_TOOL_TIMEOUT_S) -> Any:
+        """Validate the arguments, then run the tool under its timeout (``default_timeout`` when
+        the tool sets none) and its concurrency limit."""
         bound = self.bind(args, kwargs)
         call_args = [bound[p.name] for p in self._params if p.kind is _P.POSITIONAL_ONLY]
         call_kwargs = {p.name: bound[p.name] for p in self._params if p.kind is not _P.POSITIONAL_ONLY}
+        timeout = self.timeout if self.timeout is not None else default_timeout
         limiter = self._get_limiter()
         if limiter is None:
-            return await self._run_limited_in_time(call_args, call_kwargs)
+            return await self._run_limited_in_time(call_args, call_kwargs, timeout)
         async with limiter:
-            return await self._run_limited_in_time(call_args, call_kwargs)
+            return await self._run_limited_in_time(call_args, call_kwargs, timeout)
 
-    async def _run_limited_in_time(self, args: list[Any], kwargs: dict[str, Any]) -> Any:
-        if self.timeout is None:
+    async def _run_limited_in_time(self, args: list[Any], kwargs: dict[str, Any],
+                                   timeout: float) -> Any:
+        with anyio.move_on_after(timeout):  # math.inf: never
             return await self._run(args, kwargs)
-        with anyio.move_on_after(self.timeout):
-            return await self._run(args, kwargs)
-        raise ToolTimeoutError(self.name, self.timeout)
+        raise ToolTimeoutError(self.name, timeout)
 
     async def _run(self, args: list[Any], kwargs: dict[str, Any]) -> Any:
-        if self.is_async:
-            return await self.func(*args, **kwargs)
-        call = functools.partial(self.func, *args, **kwargs)
-        result = await anyio.to_thread.run_sync(call, abandon_on_cancel=True)
-        if inspect.iscoroutine(result):  # a sync wrapper around a coroutine function
-            return await result
-        return result
+        try:
+            if self.is_async:
+                return await self.func(*args, **kwargs)
+            result = await self._in_thread(functools.partial(self.func, *args, **kwargs))
+            if inspect.iscoroutine(result):  # a sync wrapper around a coroutine function
+                return await result
+            return result
+        except (Exception, KeyboardInterrupt):
+            raise
+        except BaseException as exc:  # CancelledError, SystemExit, GeneratorExit
+            if isinstance(exc, asyncio.CancelledError) and _cancel_requested():
+                raise  # the caller cancelled this call
+            raise ToolCancelledError(self.name, exc) from exc
+
+    async def _in_thread(self, call: Callable[[], Any]) -> Any:
+        """Run ``call`` in a daemon thread of its own; abandon it if the caller gives up."""
+        self._abandoned = {t for t in self._abandoned if t.is_alive()}
+        if len(self._abandoned) >= MAX_ABANDONED_CALLS:
+            raise ToolError(f"{self.name}(): {len(self._abandoned)} earlier calls that timed out "
+                            "or were cancelled are still running; no new call starts until "
+                            "they return")
+        loop = asyncio.get_running_loop()
+        outcome: asyncio.Future[Any] = loop.create_future()
+        context = contextvars.copy_context()
+
+        def work() -> None:
+            try:
+                value, error = context.run(call), None
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller as it is
+                value, error = None, exc
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+                loop.call_soon_threadsafe(_settle, outcome, value, error)
+
+        thread = threading.Thread(target=work, name=f"agentrt tool {self.name}", daemon=True)
+        thread.start()
+        try:
+            return await outcome
+        finally:
+            if not outcome.done() or outcome.cancelled():
+                self._abandoned.add(thread)
 
     def _get_limiter(self) -> anyio.CapacityLimiter | None:
         # Created on first use, inside the event loop (older anyio can't create one outside).
@@ -260,6 +317,21 @@ def tool(
     return wrap(func)
 
 
+def _cancel_requested() -> bool:
+    """Whether something cancelled the current task (a cancel scope, ``Task.cancel``)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+def _settle(outcome: asyncio.Future[Any], value: Any, error: BaseException | None) -> None:
+    if outcome.done():  # the caller gave up
+        return
+    if error is not None:
+        outcome.set_exception(error)
+    else:
+        outcome.set_result(value)
+
+
 # -- building the arguments model ------------------------------------------------------------
 
 
@@ -370,7 +442,9 @@ def _check_timeout(name: str, timeout: float | None) -> float | None:
     if timeout is None:
         return None
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-        raise ToolDefinitionError(f"tool {name!r}: timeout must be a number > 0 or None, got {timeout!r}")
+        raise ToolDefinitionError(
+            f"tool {name!r}: timeout must be a number > 0 (math.inf: no limit) or None, "
+            f"got {timeout!r}")
     return float(timeout)
 
 

@@ -44,6 +44,28 @@ class ToolTimeoutError(ToolError, TimeoutError):
         return (type(self), (self.tool, self.timeout))
 
 
+class ToolCancelledError(ToolError, RuntimeError):
+    """A tool raised ``CancelledError`` although nothing cancelled its call, or ``SystemExit``.
+
+    The runtime keeps such an exception from cancelling or ending anything else: it is that
+    call's error (a `RuntimeError` in the sandbox).
+    """
+
+    def __init__(self, tool: str, raised: BaseException | str) -> None:
+        self.tool = tool
+        self.raised = raised if isinstance(raised, str) else _describe(raised)
+        why = ("although nothing cancelled the call (did it await a task that was cancelled?)"
+               if self.raised.startswith("CancelledError") else "(a tool may not end the process)")
+        super().__init__(f"{tool}() raised {self.raised} {why}")
+
+    def __reduce__(self):
+        return (type(self), (self.tool, self.raised))
+
+
+def _describe(exc: BaseException) -> str:
+    return repr(exc) if exc.args else type(exc).__name__
+
+
 class UnknownToolError(ToolError, LookupError):
     """A registry was asked for a tool name it doesn't hold."""
 

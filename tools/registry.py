@@ -5,14 +5,24 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
+from .definition import DEFAULT_TOOL_TIMEOUT_S, Tool
 from .errors import ToolDefinitionError, UnknownToolError
-from .definition import Tool
 
 
 class ToolRegistry:
-    """Tools by name, in registration order. Plain functions are wrapped with `Tool` defaults."""
+    """Tools by name, in registration order. Plain functions are wrapped with `Tool` defaults.
 
-    def __init__(self, tools: Iterable[Tool | Callable[..., Any]] = ()) -> None:
+    ``default_timeout`` limits each call of a tool that sets no ``timeout`` of its own (seconds;
+    ``math.inf``: no limit).
+    """
+
+    def __init__(self, tools: Iterable[Tool | Callable[..., Any]] = (), *,
+                 default_timeout: float = DEFAULT_TOOL_TIMEOUT_S) -> None:
+        if isinstance(default_timeout, bool) or not isinstance(default_timeout, (int, float)) \
+                or not default_timeout > 0:
+            raise ValueError(f"default_timeout must be a number > 0 (math.inf: no limit), "
+                             f"got {default_timeout!r}")
+        self.default_timeout = float(default_timeout)
         self._tools: dict[str, Tool] = {}
         for item in tools:
             self.register(item)
@@ -62,4 +72,4 @@ class ToolRegistry:
         self, name: str, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None
     ) -> Any:
         """Validate and run the tool called ``name`` (see `Tool.invoke`)."""
-        return await self.get(name).invoke(args, kwargs)
+        return await self.get(name).invoke(args, kwargs, default_timeout=self.default_timeout)

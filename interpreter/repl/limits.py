@@ -26,7 +26,7 @@ class ReplLimits:
     """
 
     cpu_s: float = 10.0
-    wall_s: float = 300.0
+    wall_s: float = 120.0
     memory_mb: int = 2048
     max_output_chars: int = 1_000_000
     recursion_limit: int = 1000

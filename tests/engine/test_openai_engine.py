@@ -22,7 +22,7 @@ from agentrt.engine.spec_config import (
     spec_metrics_from_request,
 )
 
-from fake_openai_server import FakeOpenAIServer, Hangup, Stall, Status, Stream
+from fake_openai_server import FakeOpenAIServer, Hangup, Stall, Status, Stream, engine_for
 
 pytestmark = pytest.mark.anyio
 
@@ -110,11 +110,6 @@ def server():
     with FakeOpenAIServer() as fake:
         yield fake
 
-
-def engine_for(server: FakeOpenAIServer, **kwargs) -> OpenAIEngine:
-    kwargs.setdefault("backoff", 0.01)
-    kwargs.setdefault("timeout", 5.0)
-    return OpenAIEngine(server.url + "/v1", "fake-model", **kwargs)
 
 
 async def collect(engine: OpenAIEngine, params: SamplingParams | None = None, messages=CHAT):
