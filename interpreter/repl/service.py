@@ -67,6 +67,8 @@ MAX_CONNECTIONS = 24
 LARGE_FRAME_BYTES = 64 * 1024
 FRAME_BODY_TIMEOUT_S = 30.0
 MAX_TOOL_CALLS_IN_FLIGHT = 64
+HANGUP_GRACE_S = 1.0
+"""How long a process may run on after closing its connection."""
 MAX_REFUSED_CALLS = 64
 """Refused tool calls a shadow fork may make before its session is ended."""
 
@@ -166,8 +168,8 @@ class ReplService:
             self._connections -= 1
             if proc is not None:
                 proc.mark_dead()
-                if not proc.exited.is_set():  # it may be exiting; if not, it has to
-                    self._table.kill(proc, None)
+                if not proc.exited.is_set():  # normally it is exiting; if not, it has to
+                    self.start_soon(self._after_hangup, proc)
                 self._table.forget_if_finished(proc)
             with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
                 await stream.aclose()
@@ -246,6 +248,14 @@ class ReplService:
                 raise ProtocolError(f"a frame of {length} bytes took over "
                                     f"{FRAME_BODY_TIMEOUT_S:g} s to arrive")
             return frames.parse_worker_frame(decode_untrusted(payload))
+
+    async def _after_hangup(self, proc: Proc) -> None:
+        """A process closed its connection: it must exit, or it is killed with what it
+        started."""
+        with anyio.move_on_after(HANGUP_GRACE_S):
+            await proc.exited.wait()
+        if not proc.exited.is_set():
+            self._end_session(proc, "it closed its connection but kept running")
 
     def _end_session(self, proc: Proc, why: Any) -> None:
         """A worker broke the protocol: kill it and what it started, count and log it."""

@@ -259,6 +259,11 @@ class Repl:
         """Worker sessions ended because a frame from the worker broke the protocol."""
         return self._service.protocol_errors if self._service is not None else 0
 
+    @property
+    def refused_connections(self) -> int:
+        """Connections to the REPL's socket closed unread (over the cap, or no hello)."""
+        return self._service.refused_connections if self._service is not None else 0
+
     def messages(self) -> ReplMessages:
         """Open the stream of unsolicited messages from forked sessions, for one consumer.
 
@@ -559,14 +564,16 @@ class Repl:
         return error_type, text
 
     async def _ensure_main(self) -> None:
-        """Restart the namespace if its process died; leave a notice for the next cell."""
+        """Restart the namespace if its process died; leave a notice for the next cell.
+
+        The whole jail starts afresh (every worker process, forks included, is stopped): what
+        killed the namespace, e.g. a process a breached cell left behind, goes with it."""
         main = self._main
         if main is not None and main.alive:
             return
         cause = death_cause(main._proc) if main is not None else "not started"
-        if self._table.root is None or not self._table.root.alive:
-            await self._stop_processes()
-            await self._start_root()
+        await self._stop_processes()
+        await self._start_root()
         self._main = ReplSession(self, await self._spawn_holder())
         for method, path in self._setup_steps:
             await getattr(self._main, method)(path)

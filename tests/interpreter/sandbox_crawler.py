@@ -36,7 +36,9 @@ IMPLEMENTATION_MODULES = frozenset({
 })
 SANDBOX_CLASS_MODULES = frozenset({sandbox_module.SANDBOX_MODULE_NAME,
                                    "agentrt.interpreter.sandbox", "agentrt.interpreter.worker",
-                                   "agentrt.tools.errors"})
+                                   "agentrt.tools.errors", __name__})
+"""Where the sandbox's own classes and functions live (``__name__``: classes that ``typing``'s
+class factories name after their caller, here the walk itself)."""
 EXTRA_CLASSES = frozenset({type(functools.cached_property(len).lock)}) \
     if hasattr(functools.cached_property(len), "lock") else frozenset()
 """Python 3.11's ``functools.cached_property`` holds an RLock (only the worker's own thread can
