@@ -335,3 +335,45 @@ async def test_runtime_finds_jailed_processes_by_their_own_pids():
         await fork.kill()
         assert not fork.alive
         assert (await repl.execute("print('main goes on')")).stdout == "main goes on\n"
+
+
+async def test_memory_held_by_a_file_descriptor_is_refused(breached):
+    """memfd memory is outside RLIMIT_AS (it held 360 MB under a 256 MB limit)."""
+    outcome = await breach(breached, attempt("import os\nvalue = os.memfd_create('held')"))
+    assert outcome.startswith("PermissionError"), outcome
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="raw clone syscall number for x86_64")
+async def test_a_child_cannot_be_made_someone_elses(breached):
+    """clone(CLONE_PARENT) would make a process the runtime cannot trace back to its cell."""
+    outcome = await breach(breached, attempt("""
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+pid = libc.syscall(56, 0x00008000 | 17, 0, 0, 0, 0)   # clone(CLONE_PARENT | SIGCHLD)
+if pid == 0:
+    os._exit(0)
+value = [pid, ctypes.get_errno()]
+"""))
+    assert outcome == "ok: [-1, 1]", outcome  # EPERM
+
+
+async def test_the_jail_has_one_memory_bound_where_the_machine_allows_it(tmp_path, monkeypatch):
+    """With a cgroup, four forks cannot each fill their own RLIMIT_AS (they held 3.7 GB
+    under memory_mb=1024); without one (a note in the log says so), per-process limits stay."""
+    from agentrt.interpreter import cgroup
+
+    parent, problem = cgroup.find_parent()
+    if parent is None:
+        pytest.skip(f"no cgroup v2 with memory and pids here: {problem}")
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "breach_hook.py").write_text(BREACH_MODULE)
+    monkeypatch.setenv("PYTHONPATH", str(hooks))
+    limits = ReplLimits(cpu_s=20, wall_s=60, memory_mb=256, disk_mb=16)  # memory.max 528 MB
+    async with Repl(echo_tool, ["echo"], limits) as repl:
+        await repl.extend("breach_hook:install")
+        forks = [await repl.fork() for _ in range(4)]
+        fill = "x = bytearray(200 * 2**20)\nx[::4096] = b'x' * len(x[::4096])\nresult = x"
+        held = [await fork.execute(f"kept = unrestricted({fill!r})") for fork in forks]
+        assert not all(result.ok for result in held)  # 800 MB did not fit
+        assert (await repl.execute("print(1)")).stdout == "1\n"
