@@ -57,6 +57,27 @@ from .sandbox import Sandbox, ToolError
 
 EXIT_START_FAILED = 70
 _PR_SET_CHILD_SUBREAPER = 36
+EXIT_REPORTS_BURST = 256
+EXIT_REPORTS_PER_S = 64
+"""The rate at which a process reports the exits it reaps (beyond it, causes go unnamed):
+processes a breached cell leaves behind cannot make the root flood the runtime."""
+
+
+class _TokenBucket:
+    """At most ``burst`` events at once, refilled at ``rate`` per second."""
+
+    def __init__(self, burst: int, rate: float) -> None:
+        self._burst, self._rate = burst, rate
+        self._tokens, self._stamp = float(burst), time.monotonic()
+
+    def take(self) -> bool:
+        now = time.monotonic()
+        self._tokens = min(self._burst, self._tokens + (now - self._stamp) * self._rate)
+        self._stamp = now
+        if self._tokens < 1:
+            return False
+        self._tokens -= 1
+        return True
 
 
 @dataclass(frozen=True)
@@ -193,6 +214,7 @@ class _Process:
         self._tool_outcomes: dict[int, dict[str, Any]] = {}
         self._wakeup: tuple[int, int] | None = None
         self._handlers = self.handlers()
+        self._report_budget = _TokenBucket(EXIT_REPORTS_BURST, EXIT_REPORTS_PER_S)
         self._open_child_watch()
 
     def handlers(self) -> dict[str, Callable[[dict[str, Any]], None]]:
@@ -303,7 +325,8 @@ class _Process:
             if pid == 0:
                 return
             code = os.waitstatus_to_exitcode(status)
-            self.send(ChildExit(pid, code if code >= 0 else None, -code if code < 0 else None))
+            if self._report_budget.take():
+                self.send(ChildExit(pid, code if code >= 0 else None, -code if code < 0 else None))
 
     def _fork(self, token: str, role: str,
               prepare: Callable[[], None] | None = None) -> int | None:

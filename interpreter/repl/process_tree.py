@@ -101,6 +101,14 @@ def jail_members(root_pid: int, *, namespaced: bool) -> dict[int, int]:
     return members
 
 
+def jail_members_one(pid: int, root_pid: int, *, namespaced: bool) -> set[int]:
+    """``{pid}`` if ``pid`` is a live process of the jail, else an empty set."""
+    namespace = _namespace(root_pid) if namespaced else None
+    if namespaced and namespace is None:
+        return set()
+    return {pid} if _member(pid, root_pid, namespace) is not None else set()
+
+
 def host_pid(ns_pid: int, root_pid: int) -> int | None:
     """The host pid of process ``ns_pid`` of the PID namespace whose init has host pid
     ``root_pid`` (None if it is not running)."""

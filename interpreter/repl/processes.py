@@ -67,6 +67,9 @@ class Proc:
         self.tool_scopes: set[anyio.CancelScope] = set()
         self.tool_calls_allowed = True
         self.refused_calls = 0
+        self.ignored_frames = 0
+        self.refused_connections = 0
+        self.session_ended = False
 
     @property
     def alive(self) -> bool:
@@ -163,6 +166,15 @@ class ProcessTable:
             return process_tree.host_pid(proc.wire_pid, root.pid)
         members = process_tree.jail_members(root.pid, namespaced=False)
         return proc.wire_pid if proc.wire_pid in members else None
+
+    def is_stray(self, pid: int | None) -> bool:
+        """Whether host pid ``pid`` is a live process of the jail (not the root) that is none
+        of the workers the runtime knows."""
+        root = self.root
+        if pid is None or root is None or root.pid is None or pid == root.pid \
+                or any(proc.pid == pid for proc in self.by_token.values()):
+            return False
+        return pid in process_tree.jail_members_one(pid, root.pid, namespaced=self.namespaced)
 
     def kill(self, proc: Proc, reason: str | None) -> None:
         """SIGKILL ``proc`` (through its pidfd when it has connected), if it may still run;

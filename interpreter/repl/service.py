@@ -25,6 +25,8 @@ import dataclasses
 import inspect
 import logging
 import os
+import signal
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -67,9 +69,15 @@ MAX_CONNECTIONS = 24
 LARGE_FRAME_BYTES = 64 * 1024
 FRAME_BODY_TIMEOUT_S = 30.0
 MAX_TOOL_CALLS_IN_FLIGHT = 64
+REFUSALS_BURST = 256
+REFUSALS_PER_S = 128
+MAX_REFUSED_CONNECTIONS = 16
+"""Connections a worker may open without a valid hello before its session is ended."""
 HANGUP_GRACE_S = 1.0
 """How long a process may run on after closing its connection."""
 MAX_REFUSED_CALLS = 64
+MAX_IGNORED_FRAMES = 64
+"""Frames a process may send that change nothing (stale replies, reports about strangers)."""
 """Refused tool calls a shadow fork may make before its session is ended."""
 
 
@@ -94,6 +102,7 @@ class ReplService:
         self._waiting_hello: deque[anyio.CancelScope] = deque()
         self._large_frame = anyio.Lock()
         self._tool_slots = anyio.Semaphore(MAX_TOOL_CALLS_IN_FLIGHT)
+        self._refusals = _Pacer(REFUSALS_BURST, REFUSALS_PER_S)
         self.refused_tool_calls = 0
         """Real tool calls refused because they came from a shadow fork."""
         self.protocol_errors = 0
@@ -133,15 +142,42 @@ class ReplService:
             await anyio.sleep_forever()
 
     async def _serve_listener(self) -> None:
+        """Accept connections; while many are refused, accept more slowly (a flood of
+        connections costs the runtime at most :data:`REFUSALS_PER_S` of them a second)."""
         try:
-            await self._listener.serve(self._on_connection)
+            while True:
+                stream = await self._listener.accept()
+                self._group.start_soon(self._on_connection, stream)
+                await self._refusals.wait()
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
             pass
+
+    def _refuse(self, stream: anyio.abc.ByteStream | None = None) -> None:
+        """Count a connection closed unread. Its process is a rogue: a worker that keeps
+        connecting without a valid hello has its session ended; any other process of the jail
+        that does is killed."""
+        self.refused_connections += 1
+        self._refusals.spend()
+        sock = stream.extra(anyio.abc.SocketAttribute.raw_socket, None) if stream else None
+        pid, pidfd = process_tree.peer_credentials(sock) if sock is not None else (None, None)
+        if pidfd is None:
+            return
+        try:
+            proc = next((p for p in self._table.by_token.values() if p.pid == pid), None)
+            if proc is not None:
+                proc.refused_connections += 1
+                if proc.refused_connections > MAX_REFUSED_CONNECTIONS:
+                    self._end_session(proc, f"over {MAX_REFUSED_CONNECTIONS} connections "
+                                            "without a valid hello")
+            elif self._table.is_stray(pid):
+                process_tree.signal_pidfd(pidfd, signal.SIGKILL)
+        finally:
+            os.close(pidfd)
 
     # -- connections ---------------------------------------------------------------------------
     async def _on_connection(self, stream: anyio.abc.ByteStream) -> None:
         if self._connections >= MAX_CONNECTIONS:
-            self.refused_connections += 1
+            self._refuse(stream)
             with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
                 await stream.aclose()
             return
@@ -166,7 +202,9 @@ class ReplService:
                 self._end_session(proc, "unexpected error on its connection")
         finally:
             self._connections -= 1
-            if proc is not None:
+            if proc is None:  # it never said a valid hello
+                self._refuse(stream)
+            else:
                 proc.mark_dead()
                 if not proc.exited.is_set():  # normally it is exiting; if not, it has to
                     self.start_soon(self._after_hangup, proc)
@@ -180,7 +218,6 @@ class ReplService:
         with anyio.CancelScope() as scope:
             self._waiting_hello.append(scope)
             if len(self._waiting_hello) > MAX_PENDING_HELLOS:
-                self.refused_connections += 1
                 self._waiting_hello.popleft().cancel()  # drop the oldest waiter
             try:
                 with anyio.move_on_after(HELLO_TIMEOUT_S):
@@ -259,6 +296,9 @@ class ReplService:
 
     def _end_session(self, proc: Proc, why: Any) -> None:
         """A worker broke the protocol: kill it and what it started, count and log it."""
+        if proc.session_ended:
+            return
+        proc.session_ended = True
         self.protocol_errors += 1
         logger.warning("sandbox %s process %s broke the protocol (%s): its session is ended",
                        proc.role, proc.pid, why)
@@ -285,8 +325,9 @@ class ReplService:
         if not 0 < reply.id <= self._table.requests_made:
             raise ProtocolError(f"reply to request {reply.id}, which was never made")
         pending = self._table.pending.get(reply.id)
-        if pending is None:
-            return  # a request that timed out or was abandoned
+        if pending is None:  # a request that timed out or was abandoned
+            self._ignored(proc, "replies to requests no longer open")
+            return
         if proc not in pending.senders:
             raise ProtocolError(f"reply to request {reply.id}, which it was not asked")
         if reply.ok:
@@ -318,13 +359,21 @@ class ReplService:
     def _on_child_exit(self, proc: Proc, report: ChildExit) -> None:
         target = self._table.by_pid.get(report.pid)
         if target is None or (target.parent is not proc and proc is not self._table.root):
-            return  # not its child (the root also reaps orphans the runtime never knew)
+            if proc is not self._table.root:  # the root also reaps orphans it never knew
+                self._ignored(proc, "exit reports for processes that are not its children")
+            return
         target.report_exit(report.code, report.signal)
         if target.stream is None and not target.exited.is_set() \
                 and self._table.host_pid_of(target) is None:  # confirmed: it never connected
             target.observe_exit()
             target.mark_dead()
         self._table.forget_if_finished(target)
+
+    def _ignored(self, proc: Proc, what: str) -> None:
+        """Count a frame that is allowed but pointless; too many end the session."""
+        proc.ignored_frames += 1
+        if proc.ignored_frames > MAX_IGNORED_FRAMES:
+            raise ProtocolError(f"over {MAX_IGNORED_FRAMES} {what}")
 
     async def _post(self, token: str, message: frames.ShadowMessage) -> None:
         if self.messages is not None:
@@ -374,6 +423,29 @@ class ReplService:
                     await proc.send(reply)
         finally:
             self._tool_slots.release()
+
+
+class _Pacer:
+    """A token bucket: :meth:`spend` takes a token (the balance may go negative), :meth:`wait`
+    sleeps until the balance is positive again."""
+
+    def __init__(self, burst: int, rate: float) -> None:
+        self._burst, self._rate = burst, rate
+        self._tokens, self._stamp = float(burst), time.monotonic()
+
+    def _refill(self) -> None:
+        now = time.monotonic()
+        self._tokens = min(self._burst, self._tokens + (now - self._stamp) * self._rate)
+        self._stamp = now
+
+    def spend(self) -> None:
+        self._refill()
+        self._tokens -= 1
+
+    async def wait(self) -> None:
+        self._refill()
+        if self._tokens < 0:
+            await anyio.sleep(-self._tokens / self._rate)
 
 
 def _check_arguments_on_receipt(frame: Any) -> None:
