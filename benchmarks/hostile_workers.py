@@ -176,7 +176,7 @@ async def main():
         print(json.dumps({
             "rss_mb": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base_rss) / 1024,
             "fds": most[0] - base_fds, "cpu_s": cpu() - base_cpu,
-            "protocol_errors": repl.protocol_errors, "repl_ok": after.stdout == "2\\n",
+            "protocol_errors": getattr(repl, "protocol_errors", -1), "repl_ok": after.stdout == "2\\n",
             "after": after.error}))
 
 anyio.run(main)

@@ -53,6 +53,7 @@ from .protocol import (
     safe_exception_class,
     to_plain,
 )
+from .rate import TokenBucket
 from .sandbox import Sandbox, ToolError
 
 EXIT_START_FAILED = 70
@@ -62,22 +63,6 @@ EXIT_REPORTS_PER_S = 64
 """The rate at which a process reports the exits it reaps (beyond it, causes go unnamed):
 processes a breached cell leaves behind cannot make the root flood the runtime."""
 
-
-class _TokenBucket:
-    """At most ``burst`` events at once, refilled at ``rate`` per second."""
-
-    def __init__(self, burst: int, rate: float) -> None:
-        self._burst, self._rate = burst, rate
-        self._tokens, self._stamp = float(burst), time.monotonic()
-
-    def take(self) -> bool:
-        now = time.monotonic()
-        self._tokens = min(self._burst, self._tokens + (now - self._stamp) * self._rate)
-        self._stamp = now
-        if self._tokens < 1:
-            return False
-        self._tokens -= 1
-        return True
 
 
 @dataclass(frozen=True)
@@ -214,7 +199,7 @@ class _Process:
         self._tool_outcomes: dict[int, dict[str, Any]] = {}
         self._wakeup: tuple[int, int] | None = None
         self._handlers = self.handlers()
-        self._report_budget = _TokenBucket(EXIT_REPORTS_BURST, EXIT_REPORTS_PER_S)
+        self._report_budget = TokenBucket(EXIT_REPORTS_BURST, EXIT_REPORTS_PER_S)
         self._open_child_watch()
 
     def handlers(self) -> dict[str, Callable[[dict[str, Any]], None]]:

@@ -52,12 +52,6 @@ def signal_pidfd(pidfd: int, number: int) -> None:
         signal.pidfd_send_signal(pidfd, number)
 
 
-def has_exited(pidfd: int) -> bool:
-    """Whether the process behind ``pidfd`` has exited (a pidfd turns readable then)."""
-    readable, _, _ = select.select([pidfd], [], [], 0)
-    return bool(readable)
-
-
 def _namespace(pid: int) -> str | None:
     try:
         return os.readlink(f"/proc/{pid}/ns/pid")
@@ -101,12 +95,12 @@ def jail_members(root_pid: int, *, namespaced: bool) -> dict[int, int]:
     return members
 
 
-def jail_members_one(pid: int, root_pid: int, *, namespaced: bool) -> set[int]:
-    """``{pid}`` if ``pid`` is a live process of the jail, else an empty set."""
+def in_jail(pid: int, root_pid: int, *, namespaced: bool) -> bool:
+    """Whether ``pid`` is a live process of the jail whose root worker is ``root_pid``."""
     namespace = _namespace(root_pid) if namespaced else None
     if namespaced and namespace is None:
-        return set()
-    return {pid} if _member(pid, root_pid, namespace) is not None else set()
+        return False
+    return _member(pid, root_pid, namespace) is not None
 
 
 def host_pid(ns_pid: int, root_pid: int) -> int | None:

@@ -174,7 +174,7 @@ class ProcessTable:
         if pid is None or root is None or root.pid is None or pid == root.pid \
                 or any(proc.pid == pid for proc in self.by_token.values()):
             return False
-        return pid in process_tree.jail_members_one(pid, root.pid, namespaced=self.namespaced)
+        return process_tree.in_jail(pid, root.pid, namespaced=self.namespaced)
 
     def kill(self, proc: Proc, reason: str | None) -> None:
         """SIGKILL ``proc`` (through its pidfd when it has connected), if it may still run;

@@ -26,7 +26,6 @@ import inspect
 import logging
 import os
 import signal
-import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -51,6 +50,7 @@ from ..protocol import (
     to_plain,
     wire_exception_type,
 )
+from ..rate import TokenBucket
 from . import process_tree
 from .messages import ReplMessages
 from .processes import Proc, ProcessTable
@@ -102,7 +102,7 @@ class ReplService:
         self._waiting_hello: deque[anyio.CancelScope] = deque()
         self._large_frame = anyio.Lock()
         self._tool_slots = anyio.Semaphore(MAX_TOOL_CALLS_IN_FLIGHT)
-        self._refusals = _Pacer(REFUSALS_BURST, REFUSALS_PER_S)
+        self._refusals = TokenBucket(REFUSALS_BURST, REFUSALS_PER_S)
         self.refused_tool_calls = 0
         """Real tool calls refused because they came from a shadow fork."""
         self.protocol_errors = 0
@@ -148,7 +148,7 @@ class ReplService:
             while True:
                 stream = await self._listener.accept()
                 self._group.start_soon(self._on_connection, stream)
-                await self._refusals.wait()
+                await anyio.sleep(self._refusals.debt_s())
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
             pass
 
@@ -423,29 +423,6 @@ class ReplService:
                     await proc.send(reply)
         finally:
             self._tool_slots.release()
-
-
-class _Pacer:
-    """A token bucket: :meth:`spend` takes a token (the balance may go negative), :meth:`wait`
-    sleeps until the balance is positive again."""
-
-    def __init__(self, burst: int, rate: float) -> None:
-        self._burst, self._rate = burst, rate
-        self._tokens, self._stamp = float(burst), time.monotonic()
-
-    def _refill(self) -> None:
-        now = time.monotonic()
-        self._tokens = min(self._burst, self._tokens + (now - self._stamp) * self._rate)
-        self._stamp = now
-
-    def spend(self) -> None:
-        self._refill()
-        self._tokens -= 1
-
-    async def wait(self) -> None:
-        self._refill()
-        if self._tokens < 0:
-            await anyio.sleep(-self._tokens / self._rate)
 
 
 def _check_arguments_on_receipt(frame: Any) -> None:
