@@ -218,11 +218,11 @@ class Repl:
             except jail.JailUnavailable as exc:
                 raise ReplError(str(exc)) from None
             self._table.namespaced = self._jail.namespaces
-            if self._jail.namespaces:
+            if self._jail.namespaces:  # a few small writes under /sys/fs/cgroup, if any
                 memory = self.limits.memory_mb
-                self._cgroup = await anyio.to_thread.run_sync(
-                    ReplCgroup.create, (2 * memory + self.limits.disk_mb) * 2**20 if memory
-                    else None, jail.MAX_PROCESSES)
+                self._cgroup = ReplCgroup.create(
+                    (2 * memory + self.limits.disk_mb) * 2**20 if memory else None,
+                    jail.MAX_PROCESSES)
             self._service = ReplService(self._table, self._tools, self._tool_handler,
                                         messages=self._messages)
             await self._service.start(self._socket_path)
