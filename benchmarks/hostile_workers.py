@@ -21,6 +21,9 @@ import tempfile
 import textwrap
 
 HOOK = '''
+"""A breach (also used by tests/interpreter/test_untrusted_worker.py): an extend hook that
+gives cells unrestricted Python and the worker's raw connection to the runtime."""
+
 import pickle, struct
 
 def install(sandbox, channel):
@@ -38,6 +41,20 @@ def install(sandbox, channel):
 
     sandbox.install_builtin("unrestricted", unrestricted)
 '''
+
+def _flood(message: dict, count: int = 100_000) -> str:
+    """Source that sends ``message`` ``count`` times on the worker's own connection."""
+    return f"""
+import pickle, struct
+frame = pickle.dumps({message!r}, 5)
+frame = struct.pack(">I", len(frame)) + frame
+try:
+    for _ in range({count}):
+        send_raw(raw=frame)
+except OSError:
+    pass
+"""
+
 
 ATTACKS = {
     "connection flood (200 never say hello)": """
@@ -78,26 +95,9 @@ for _ in range(21):
     x = [x, x]
 send_raw({"op": "call", "call": 1, "name": "echo", "args": (x,), "kwargs": {}})
 """,
-    "stale replies, 100k": """
-import pickle, struct
-frame = pickle.dumps({"op": "reply", "id": 1, "ok": True, "value": None}, 5)
-frame = struct.pack(">I", len(frame)) + frame
-try:
-    for _ in range(100_000):
-        send_raw(raw=frame)
-except OSError:
-    pass
-""",
-    "exit reports for unknown pids, 100k": """
-import pickle, struct
-frame = pickle.dumps({"op": "child_exit", "pid": 99999, "code": 0, "signal": None}, 5)
-frame = struct.pack(">I", len(frame)) + frame
-try:
-    for _ in range(100_000):
-        send_raw(raw=frame)
-except OSError:
-    pass
-""",
+    "stale replies, 100k": _flood({"op": "reply", "id": 1, "ok": True, "value": None}),
+    "exit reports for unknown pids, 100k": _flood(
+        {"op": "child_exit", "pid": 99999, "code": 0, "signal": None}),
     "orphans reaped by the root, 3000": """
 import os
 for _ in range(3000):

@@ -9,6 +9,7 @@ frame ends that worker's session, never the REPL or the run.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import subprocess
@@ -19,6 +20,7 @@ import anyio
 import pytest
 
 from agentrt import Agent, ReplayEngine, tool
+from benchmarks.hostile_workers import HOOK as BREACH_MODULE
 from agentrt.interpreter import Repl, ReplLimits
 from agentrt.interpreter.repl import service
 
@@ -26,26 +28,6 @@ pytestmark = pytest.mark.anyio
 
 LIMITS = ReplLimits(cpu_s=10, wall_s=60, memory_mb=1024, disk_mb=16)
 
-BREACH_MODULE = '''
-import pickle, struct
-
-
-def install(sandbox, channel):
-    def send_raw(message=None, raw=None):
-        """Send a frame on this process's own connection, bypassing every check."""
-        if raw is None:
-            raw = pickle.dumps(message, 5)
-            raw = struct.pack(">I", len(raw)) + raw
-        channel._process._link._sock.sendall(raw)
-
-    def unrestricted(source):
-        scope = {"__name__": "breach", "send_raw": send_raw, "channel": channel,
-                 "socket_path": channel._process._config.socket_path}
-        exec(source, scope)   # full builtins: open, __import__, os, socket...
-        return scope.get("result")
-
-    sandbox.install_builtin("unrestricted", unrestricted)
-'''
 
 
 @pytest.fixture
@@ -56,26 +38,16 @@ def breach_hook(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(hooks))
 
 
-class Gate:
-    """A tool the sandbox calls when it has set up an attack; the test measures the host, then
-    lets the call return (no timing involved)."""
-
-    def __init__(self) -> None:
-        self.reached = anyio.Event()
-        self.release = anyio.Event()
-
-    async def __call__(self, name: str, args: tuple, kwargs: dict):
-        if name == "ready":
-            self.reached.set()
-            await self.release.wait()
-        return list(args)
+async def echo_tool(name: str, args: tuple, kwargs: dict):
+    return list(args)
 
 
-async def breached_repl(handler=None, limits: ReplLimits = LIMITS) -> Repl:
-    repl = Repl(handler or Gate(), {"ready": "ready()", "echo": "echo(*args)"}, limits)
-    await repl.start()
-    await repl.extend("breach_hook:install")
-    return repl
+@contextlib.asynccontextmanager
+async def breached_repl(limits: ReplLimits = LIMITS):
+    """A REPL whose worker has the ``unrestricted`` builtin (the breach hook)."""
+    async with Repl(echo_tool, {"echo": "echo(*args)"}, limits) as repl:
+        await repl.extend("breach_hook:install")
+        yield repl
 
 
 def source(body: str) -> str:
@@ -125,8 +97,7 @@ async def main_still_works(repl: Repl) -> None:
 async def test_forged_exit_reports_cannot_defeat_the_wall_clock(breach_hook):
     """A cell that reports its own death to the runtime still dies at the wall-clock limit
     (it used to be left running and, 5 s later, to finish as if nothing had happened)."""
-    repl = await breached_repl(limits=ReplLimits(cpu_s=10, wall_s=2))
-    try:
+    async with breached_repl(limits=ReplLimits(cpu_s=10, wall_s=2)) as repl:
         result = await repl.execute(source("""
             import os, time
             send_raw({"op": "child_exit", "pid": os.getpid(), "code": 0, "signal": None})
@@ -136,14 +107,11 @@ async def test_forged_exit_reports_cannot_defeat_the_wall_clock(breach_hook):
         assert result.killed and result.error_type == "TimeoutError", result
         assert "wall-clock limit of 2 s" in result.error
         await main_still_works(repl)
-    finally:
-        await repl.aclose()
 
 
 async def test_a_wall_clock_kill_takes_everything_the_cell_started(breach_hook):
     """Children and orphaned grandchildren of a runaway cell die with it."""
-    repl = await breached_repl(limits=ReplLimits(cpu_s=30, wall_s=3))
-    try:
+    async with breached_repl(limits=ReplLimits(cpu_s=30, wall_s=3)) as repl:
         before = strays(repl)
         result = await repl.execute(source("""
             import os, time
@@ -158,14 +126,11 @@ async def test_a_wall_clock_kill_takes_everything_the_cell_started(breach_hook):
         assert result.error_type == "TimeoutError", result.error
         assert strays(repl) == before == set()
         await main_still_works(repl)
-    finally:
-        await repl.aclose()
 
 
 async def test_a_worker_that_hangs_up_is_killed(breach_hook):
     """Closing its connection does not let a process live on, unseen, in the jail."""
-    repl = await breached_repl()
-    try:
+    async with breached_repl() as repl:
         result = await repl.execute(source("""
             import os, time
             channel._process._link.close()
@@ -178,8 +143,6 @@ async def test_a_worker_that_hangs_up_is_killed(breach_hook):
             while strays(repl):
                 await anyio.sleep(0.05)
         await main_still_works(repl)
-    finally:
-        await repl.aclose()
 
 
 # -- frames: checked before use --------------------------------------------------------------------
@@ -210,8 +173,7 @@ BAD_FRAMES = {
 
 @pytest.mark.parametrize("frame", list(BAD_FRAMES.values()), ids=list(BAD_FRAMES))
 async def test_a_bad_frame_ends_that_session_only(breach_hook, frame):
-    repl = await breached_repl()
-    try:
+    async with breached_repl() as repl:
         fork = await repl.fork()
         rss = host_rss_mb()
         body = "import struct\n" + frame + "\nimport time\ntime.sleep(30)"
@@ -220,8 +182,6 @@ async def test_a_bad_frame_ends_that_session_only(breach_hook, frame):
         assert repl.protocol_errors == 1
         assert host_rss_mb() - rss < 50
         await main_still_works(repl)
-    finally:
-        await repl.aclose()
 
 
 async def test_a_decode_bomb_costs_the_host_no_memory(breach_hook, tmp_path):
@@ -256,8 +216,7 @@ async def test_a_decode_bomb_costs_the_host_no_memory(breach_hook, tmp_path):
 
 async def test_a_slow_large_frame_is_cut_off(breach_hook, monkeypatch):
     monkeypatch.setattr(service, "FRAME_BODY_TIMEOUT_S", 1.0)
-    repl = await breached_repl()
-    try:
+    async with breached_repl() as repl:
         fork = await repl.fork()
         result = await fork.execute(source("""
             import struct, time
@@ -266,13 +225,10 @@ async def test_a_slow_large_frame_is_cut_off(breach_hook, monkeypatch):
         """))
         assert result.killed and repl.protocol_errors == 1
         await main_still_works(repl)
-    finally:
-        await repl.aclose()
 
 
 async def test_refused_tool_calls_from_a_shadow_are_capped(breach_hook):
-    repl = await breached_repl()
-    try:
+    async with breached_repl() as repl:
         shadow = await repl.fork_holder(shadow=True)
         result = await shadow.execute(source("""
             for call in range(1, 200):
@@ -284,8 +240,6 @@ async def test_refused_tool_calls_from_a_shadow_are_capped(breach_hook):
         assert result.killed and repl.protocol_errors == 1
         assert repl.refused_tool_calls == service.MAX_REFUSED_CALLS + 1
         await main_still_works(repl)
-    finally:
-        await repl.aclose()
 
 
 # -- connections: capped before and after the hello ----------------------------------------------
@@ -294,8 +248,7 @@ async def test_connection_floods_cost_the_host_bounded_descriptors_and_memory(br
     """Hundreds of connections that never say hello (from the worker itself and from a
     process it forked), and hellos that announce 60 MiB and stream without end: the host
     keeps few descriptors and little memory, and ends the flooding sessions."""
-    repl = await breached_repl()
-    try:
+    async with breached_repl() as repl:
         fds, rss = host_fds(), host_rss_mb()
         most = [0, 0.0]
         done = anyio.Event()
@@ -336,8 +289,6 @@ async def test_connection_floods_cost_the_host_bounded_descriptors_and_memory(br
             while strays(repl):
                 await anyio.sleep(0.05)
         await main_still_works(repl)
-    finally:
-        await repl.aclose()
 
 
 # -- through the SDK: nothing a shadow says ends the run -----------------------------------------
