@@ -315,18 +315,22 @@ def run_agent(code: str, monkeypatch):
     return agent.run_sync("task")
 
 
-SHADOW_ATTACKS = {
-    "malformed-launch": 'send_raw({"op": "launch", "call": 1, "name": "lookup", "args": (), '
-                        '"kwargs": [1, 2], "lineno": 1, "deps": []})',
-    "kill-every-jail-process": 'import os, signal\nif os.fork() == 0:\n'
-                               '    os.kill(-1, signal.SIGKILL)\n    os._exit(0)',
-}
-
-
-@pytest.mark.parametrize("attack", list(SHADOW_ATTACKS.values()), ids=list(SHADOW_ATTACKS))
-def test_a_breached_shadow_cannot_end_the_run(breach_hook, monkeypatch, attack):
+def test_a_malformed_launch_from_a_shadow_ends_only_that_shadow(breach_hook, monkeypatch):
+    """It used to raise out of ``Agent.run_sync`` as an ExceptionGroup."""
+    attack = ('send_raw({"op": "launch", "call": 1, "name": "lookup", "args": (), '
+              '"kwargs": [1, 2], "lineno": 1, "deps": []})')
     result = run_agent(source(attack) + "\nn = lookup(1)", monkeypatch)
     assert result.answer == 2, (result.status, result.error, [t.error for t in result.turns])
+
+
+def test_killing_every_jail_process_from_a_shadow_does_not_end_the_run(breach_hook, monkeypatch):
+    """A grandchild of a shadow kills every process of the jail it can: the cells see the
+    namespace restarted (as often as the code does it again), and the run goes on."""
+    attack = ("import os, signal\nif os.fork() == 0:\n    os.kill(-1, signal.SIGKILL)\n"
+              "    os._exit(0)")
+    result = run_agent(source(attack) + "\nn = lookup(1)", monkeypatch)
+    assert result.status in ("final", "max_turns") and result.error is None, result
+    assert all(turn.error is None or "ReplRestarted" in turn.error for turn in result.turns)
 
 
 def test_a_shared_reference_launch_costs_the_host_no_cpu(breach_hook, monkeypatch):
