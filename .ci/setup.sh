@@ -11,7 +11,7 @@ if ! command -v bwrap >/dev/null 2>&1; then
         apt-get update -qq >/dev/null
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null
     else
-        echo "warning: bubblewrap (bwrap) is not installed: the sandbox runs without its OS jail" >&2
+        echo "warning: bubblewrap (bwrap) is not installed: the sandbox will refuse to start" >&2
     fi
 fi
 if [ ! -x .venv/bin/python ]; then
@@ -41,5 +41,10 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     "$VPY" -c 'import torch, agentrt; assert torch.__version__.startswith("2.13.0"), torch.__version__'
     echo "$want" > "$stamp"
 fi
+# The sandbox refuses to run model code without its OS jail: say now whether it can be built.
+if ! "$VPY" -c 'from agentrt.interpreter import jail; jail.plan_jail(True)' 2>/tmp/agentrt-jail.$$; then
+    echo "warning: $(tail -n 1 /tmp/agentrt-jail.$$)" >&2
+fi
+rm -f /tmp/agentrt-jail.$$
 # The embedded default model (no-op when already pulled and valid).
 .venv/bin/agentrt models pull smollm2-135m

@@ -38,18 +38,25 @@ early call never claimed is **wasted** if the authoritative run called that key 
 finished code does not make). Trace events: ``spec_peek`` [turn, lines], ``spec_launch``
 [early_id, tool, turn, block, lineno, deps], ``spec_claim`` [seq, tool, early_id or None],
 ``spec_cancel`` [early_id, reason: wasted | retracted], ``spec_effect`` [turn, epoch],
-``spec_refused`` [tool], and ``tool_started`` / ``tool_finished`` with ``mode="early"``.
+``spec_refused`` [tool], ``spec_shadow_error`` [error] (a shadow message that could not be
+handled, or too many of them: that shadow is killed), and ``tool_started`` / ``tool_finished``
+with ``mode="early"``. Shadow messages arrive typed and checked by the REPL
+(``agentrt.interpreter.frames``); a shadow is still untrusted, so nothing it says can end the
+run.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 
+from agentrt.interpreter import frames
+from agentrt.interpreter.frames import Launch, RefusedCall, ShadowDone, ShadowMessage
 from agentrt.interpreter.repl import Repl, ReplError, ReplMessages, ReplSession
 from agentrt.interpreter.repair import repair_tail
 from agentrt.tools import ToolRegistry
@@ -64,6 +71,10 @@ SHADOW_CPU_S = 2
 TAIL_WINDOW = 4
 """Unclaimed early calls per call site, among launches that waited for an earlier result of the
 same site, while that site's statement is still streaming."""
+MAX_SHADOW_MESSAGES = 1024
+"""Messages one shadow may send; past it, it is killed (its speculation is best effort)."""
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -117,6 +128,7 @@ class _Shadow:
     tail_keys: set = field(default_factory=set)
     tail_stalled: bool = False
     launched: int = 0
+    messages: int = 0
 
     @property
     def first_block(self) -> int:
@@ -375,7 +387,7 @@ class Speculator:
         self._shadow = shadow
         lines = sum(source.count("\n") for _, _, source in statements)
         self.trace.emit("spec_peek", turn=self._turn, lines=lines)
-        await handle.post({"op": "shadow", "statements": [list(s) for s in statements],
+        await handle.post({"op": frames.SHADOW, "statements": [list(s) for s in statements],
                            "speculatable": sorted(self.speculatable),
                            "cpu_s": SHADOW_CPU_S, "force_timeout": None})
 
@@ -386,36 +398,45 @@ class Speculator:
                 await shadow.handle.kill(wait=False)
 
     async def _follow_messages(self, messages: ReplMessages) -> None:
-        """Handle the shadows' messages in arrival order, each before the next is received."""
+        """Handle the shadows' messages in arrival order, each before the next is received.
+
+        A message this code cannot handle ends that shadow, never the run."""
         with contextlib.suppress(anyio.ClosedResourceError):
             async for token, message in messages:
-                self._on_message(token, message)
+                try:
+                    self._on_message(token, message)
+                except Exception as exc:
+                    logger.warning("shadow message %r failed (%s: %s): the shadow is killed",
+                                   message.op, type(exc).__name__, exc)
+                    self.trace.emit("spec_shadow_error", error=f"{type(exc).__name__}: {exc}")
+                    if self._shadow is not None and self._shadow.handle.token == token:
+                        self._tg.start_soon(self._kill_shadow)
 
-    def _on_message(self, token: str, message: dict[str, Any]) -> None:
-        op = message.get("op")
-        if op == "refused_call":
+    def _on_message(self, token: str, message: ShadowMessage) -> None:
+        if isinstance(message, RefusedCall):
             self.stats.shadow_tool_calls_refused += 1
-            self.trace.emit("spec_refused", tool=str(message.get("name")))
+            self.trace.emit("spec_refused", tool=message.name)
             return
         shadow = self._shadow
         if shadow is None or shadow.handle.token != token:
             return  # a superseded shadow: ignore what it still says
-        if op == "launch":
+        shadow.messages += 1
+        if shadow.messages > MAX_SHADOW_MESSAGES:
+            raise RuntimeError(f"the shadow sent over {MAX_SHADOW_MESSAGES} messages")
+        if isinstance(message, Launch):
             self._on_launch(shadow, message)
-        elif op == "shadow_done":
-            if not message.get("pending"):
+        elif isinstance(message, ShadowDone):
+            if not message.pending:
                 self._retract_unadopted(shadow)
 
-    def _on_launch(self, shadow: _Shadow, message: dict[str, Any]) -> None:
-        local_id = message.get("call")
-        name = message.get("name")
-        args = tuple(message.get("args") or ())
-        kwargs = dict(message.get("kwargs") or {})
-        lineno = message.get("lineno")
-        deps = [shadow.local[d] for d in message.get("deps") or () if d in shadow.local]
-        call = self._early_call(shadow, name, args, kwargs, lineno, deps)
+    def _on_launch(self, shadow: _Shadow, launch: Launch) -> None:
+        local_id = launch.call
+        deps = [shadow.local[d] for d in launch.deps if d in shadow.local]
+        call = self._early_call(shadow, launch.name, launch.args, dict(launch.kwargs),
+                                launch.lineno, deps)
         if call is None:
-            self._post(shadow, {"op": "early_poison", "call": local_id, "message": "not launched"})
+            self._post(shadow, {"op": frames.EARLY_POISON, "call": local_id,
+                                "message": "not launched"})
             return
         shadow.local[local_id] = call
         assert self._tg is not None
@@ -474,11 +495,11 @@ class Speculator:
     async def _deliver(self, shadow: _Shadow, local_id: Any, call: EarlyCall) -> None:
         await call.done.wait()
         if call.state == "cancelled":
-            message = {"op": "early_poison", "call": local_id, "message": "cancelled"}
+            message = {"op": frames.EARLY_POISON, "call": local_id, "message": "cancelled"}
         elif call.error is not None:
-            message = {"op": "early_fail", "call": local_id, "message": str(call.error)}
+            message = {"op": frames.EARLY_FAIL, "call": local_id, "message": str(call.error)}
         else:
-            message = {"op": "early_result", "call": local_id, "value": call.result}
+            message = {"op": frames.EARLY_RESULT, "call": local_id, "value": call.result}
         await self._post_async(shadow, message)
 
     def _post(self, shadow: _Shadow, message: dict[str, Any]) -> None:

@@ -21,11 +21,14 @@ can be checked), sockets other than ``AF_UNIX``, ``ptrace`` and cross-process me
 mounts and namespace changes, kernel module / keyring / BPF / perf / io_uring interfaces, and
 terminal input injection.
 
-Modes: ``ReplLimits(jail=None)`` (default) jails when the machine allows it and otherwise
-logs one warning and runs with the filter and limits only (or nothing, if even those are
-unavailable); ``jail=True`` requires the full jail (start fails otherwise); ``jail=False``
-turns it off. The environment variable ``AGENTRT_JAIL`` (``0``/``off`` or ``1``/``on``)
-overrides the default.
+The filter also refuses ``memfd_create`` (memory held by a file descriptor escapes
+``RLIMIT_AS``) and ``clone(CLONE_PARENT)`` (a child that would not descend from its creator, so
+the runtime could not find it when it kills a cell with everything it started).
+
+Fail closed: by default (``ReplLimits(jail=None)``, ``jail=True``) the REPL refuses to start when
+the jail cannot be built, with an error that says why and what to do. ``jail=False`` or the
+environment variable ``AGENTRT_JAIL=0`` opts out explicitly: unsafe for untrusted code (a warning
+says so once).
 """
 
 from __future__ import annotations
@@ -43,12 +46,14 @@ from dataclasses import dataclass
 # what else they need themselves, to keep the worker's start-up short.
 
 JAIL_ENV = "AGENTRT_JAIL"
-"""``0``/``off``/``false`` disables the jail by default; ``1``/``on``/``true`` requires it."""
+"""``0``/``off``/``false``/``no`` turns the jail off (unsafe); anything else keeps it required."""
 
 MAX_OPEN_FILES = 256
-MAX_PROCESSES = 512
-"""RLIMIT_NPROC, and (when the runtime is root, which RLIMIT_NPROC exempts) the jail's
-``pid_max``: a cap on the process count of the whole jail."""
+MAX_PROCESSES = 64
+"""RLIMIT_NPROC: a cap on the process count (threads included) of the whole jail."""
+ROOT_PID_MAX = 301
+"""The jail's ``pid_max`` when the runtime is root, which RLIMIT_NPROC exempts: about 300
+processes (the smallest value the kernel accepts)."""
 JAIL_TMP = "/tmp"
 """The jail's private writable directory (a tmpfs of ``ReplLimits.disk_mb``) and its cwd."""
 
@@ -71,24 +76,25 @@ DENIED_SYSCALLS = (
     "io_uring_setup", "io_uring_enter", "io_uring_register",        # bypasses this filter
     "reboot", "swapon", "swapoff", "syslog", "acct", "quotactl", "settimeofday",
     "clock_settime", "adjtimex", "clock_adjtime", "personality", "vhangup",
+    "memfd_create", "memfd_secret",                                 # memory outside RLIMIT_AS
 )
-_CLONE_NEW_FLAGS = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000,
-                    0x20000000, 0x40000000, 0x00000080)  # NEWNS CGROUP UTS IPC USER PID NET TIME
+_CLONE_DENIED_FLAGS = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000,
+                       0x20000000, 0x40000000, 0x00000080,  # NEWNS CGROUP UTS IPC USER PID NET TIME
+                       0x00008000)                           # PARENT
 _TIOCSTI = 0x5412
 
 
 class JailUnavailable(RuntimeError):
-    """The jail was required (``jail=True`` or ``AGENTRT_JAIL=1``) but cannot be set up."""
+    """The OS jail cannot be built here and the user has not opted out of it."""
 
 
 @dataclass(frozen=True)
 class JailPlan:
     """How worker processes are confined: ``namespaces`` (bubblewrap) and ``seccomp`` (the
-    compiled filter, or None). ``warning`` says what is missing, when something is."""
+    compiled filter). Either the whole jail, or (opted out) :data:`OFF`."""
 
     namespaces: bool
     seccomp: bytes | None
-    warning: str | None = None
 
     @property
     def active(self) -> bool:
@@ -98,44 +104,50 @@ class JailPlan:
 
 OFF = JailPlan(False, None)
 
+REMEDIES = (
+    "Model-written code is untrusted, so agentrt does not run it without the jail. To fix it: "
+    "install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap; Fedora: dnf install "
+    "bubblewrap); if bwrap is installed but cannot create namespaces, allow unprivileged user "
+    "namespaces (sysctl kernel.unprivileged_userns_clone=1; on Ubuntu 24.04 and later also "
+    "kernel.apparmor_restrict_unprivileged_userns=0; in a container, allow it to create user "
+    "namespaces); or opt out explicitly with ReplLimits(jail=False) or AGENTRT_JAIL=0, which "
+    "is UNSAFE for untrusted code: only the Python-level policy then stands between model code "
+    "and this machine.")
 
-def requested_mode(requested: bool | None) -> bool | None:
-    """``requested`` (from ReplLimits), or the ``AGENTRT_JAIL`` default when it is None."""
+
+def jail_wanted(requested: bool | None) -> bool:
+    """``requested`` (from ReplLimits); when it is None, False only if ``AGENTRT_JAIL`` says
+    ``0``/``off``/``false``/``no``."""
     if requested is not None:
         return requested
-    value = os.environ.get(JAIL_ENV, "").strip().lower()
-    if value in ("0", "off", "false", "no"):
-        return False
-    if value in ("1", "on", "true", "yes", "required"):
-        return True
-    return None
+    return os.environ.get(JAIL_ENV, "").strip().lower() not in ("0", "off", "false", "no")
 
 
-_warned = False
+_warned_off = False
 
 
 def plan_jail(requested: bool | None) -> JailPlan:
-    """Decide how to confine workers (may probe bubblewrap once; blocking, ~10 ms)."""
-    global _warned
-    mode = requested_mode(requested)
-    if mode is False:
-        return OFF
-    plan = _best_plan()
-    if plan.warning is not None:
-        if mode is True:
-            raise JailUnavailable(f"the sandbox OS jail is required but {plan.warning}")
-        if not _warned:
+    """The jail to build (may probe bubblewrap once; blocking, ~10 ms). Raises
+    `JailUnavailable`, naming the cause and the remedies, when it cannot be built."""
+    global _warned_off
+    if not jail_wanted(requested):
+        if not _warned_off:
             import logging
 
-            _warned = True
-            logging.getLogger(__name__).warning("agentrt: %s; sandbox workers run with reduced OS isolation "
-                           "(set %s=0 or ReplLimits(jail=False) to silence this)",
-                           plan.warning, JAIL_ENV)
+            _warned_off = True
+            logging.getLogger(__name__).warning(
+                "agentrt: the sandbox's OS jail is off (ReplLimits(jail=False) or %s=0): "
+                "unsafe for untrusted code", JAIL_ENV)
+        return OFF
+    plan, problem = _best_plan()
+    if problem is not None:
+        raise JailUnavailable(f"the sandbox cannot start: its OS jail cannot be built here "
+                              f"({problem}). {REMEDIES}")
     return plan
 
 
 @functools.cache
-def _best_plan() -> JailPlan:
+def _best_plan() -> tuple[JailPlan, str | None]:
     problems = []
     try:
         program = seccomp_program()
@@ -144,8 +156,8 @@ def _best_plan() -> JailPlan:
         problems.append(f"no seccomp filter ({type(exc).__name__}: {exc})")
     reason = _bwrap_problem()
     if reason is not None:
-        problems.append(f"no namespaces ({reason})")
-    return JailPlan(reason is None, program, "; ".join(problems) or None)
+        problems.append(reason)
+    return JailPlan(reason is None, program), "; ".join(problems) or None
 
 
 def _bwrap_problem() -> str | None:
@@ -260,7 +272,7 @@ def seccomp_program() -> bytes:
         except (ValueError, OSError, RuntimeError):
             continue  # not a syscall on this architecture
     program.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")
-    for flag in _CLONE_NEW_FLAGS:
+    for flag in _CLONE_DENIED_FLAGS:
         program.add_rule(denied, "clone", sc.Arg(0, sc.MASKED_EQ, flag, flag))
     program.add_rule(sc.ERRNO(errno.EAFNOSUPPORT), "socket",
                      sc.Arg(0, sc.NE, socket.AF_UNIX))
@@ -304,7 +316,7 @@ def _bound_pid_space(libc: ctypes.CDLL) -> str | None:
     problem = None
     try:
         with open(_PID_MAX, "w") as pid_max:
-            pid_max.write(str(MAX_PROCESSES))
+            pid_max.write(str(ROOT_PID_MAX))
     except OSError as exc:
         problem = f"pid_max not set ({exc})"
     if libc.umount2(b"/proc", _MNT_DETACH) != 0:
@@ -354,31 +366,3 @@ def lock_down(seccomp: bytes | None, disk_mb: int, bound_pids: bool = False) -> 
     if libc.prctl(_PR_SET_SECCOMP, ctypes.c_ulong(_SECCOMP_MODE_FILTER),
                   ctypes.byref(fprog), ctypes.c_ulong(0), ctypes.c_ulong(0)) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP) failed")
-
-
-# --------------------------------------------------------------------------- pids
-
-def host_pid(ns_pid: int, init_host_pid: int) -> int | None:
-    """The runtime-side pid of process ``ns_pid`` of the PID namespace whose init is
-    ``init_host_pid`` (None if it is not running)."""
-    try:
-        namespace = os.readlink(f"/proc/{init_host_pid}/ns/pid")
-    except OSError:
-        return None
-    if ns_pid == 1:
-        return init_host_pid
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            if os.readlink(f"/proc/{entry.name}/ns/pid") != namespace:
-                continue
-            with open(f"/proc/{entry.name}/status") as status:
-                for line in status:
-                    if line.startswith("NSpid:"):
-                        if int(line.split()[-1]) == ns_pid:
-                            return int(entry.name)
-                        break
-        except (OSError, ValueError):
-            continue
-    return None

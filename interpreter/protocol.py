@@ -1,54 +1,22 @@
-"""Wire protocol between the runtime and its sandbox worker processes.
+"""Framing of the protocol between the runtime and its sandbox worker processes.
 
-Every message is one *frame*: a 4-byte big-endian length followed by a pickled ``dict``
-with a string ``"op"`` key. The two directions are trusted differently:
+Every message is one *frame*: a 4-byte big-endian length followed by a pickled ``dict`` with a
+string ``"op"`` key (the messages themselves, and every op name, are in :mod:`.frames`). The two
+directions are trusted differently:
 
 * runtime -> worker frames come from trusted code and are decoded with plain ``pickle``;
-* worker -> runtime frames are **untrusted** (the worker runs model-written code) and are
-  decoded by :func:`decode_untrusted`, whose unpickler refuses every class lookup, so only
-  plain data (None, bool, int, float, str, bytes, list, tuple, dict, set, frozenset) can
-  arrive. Frames longer than :data:`MAX_FRAME_BYTES` are refused before they are read.
+* worker -> runtime frames are **untrusted** (the worker runs model-written code). Frames longer
+  than :data:`MAX_FRAME_BYTES` are refused before they are read. :func:`decode_untrusted` first
+  checks the pickle's opcodes (:func:`check_untrusted_pickle`: only the opcodes that build plain
+  data, memo references only to earlier objects, and a bound on the memory the decoded data
+  will take), then unpickles with a ``find_class`` that refuses everything, so only plain data
+  (None, bool, int, float, str, bytes, list, tuple, dict, set, frozenset) arrives.
+  :func:`plain_size` measures decoded data with shared references counted each time they
+  appear, in time proportional to the distinct objects, so the host can bound what a frame
+  expands to before anything copies, hashes or prints it.
 
-Each worker process has its own connection. It opens it with ``hello`` and then serves the
+Each worker process has its own connection; it opens it with ``hello`` and then serves the
 commands the runtime sends on that connection.
-
-Runtime -> worker (``id`` is a request id; the answer is a ``reply`` with the same id):
-
-==================  ====================================================================
-``init``            ``limits`` (dict), ``tools`` (list of ``(name, signature)``): sent once
-                    to the root process after its hello.
-``spawn``           ``id``, ``token``: root only; fork a namespace holder with an empty
-                    namespace that connects with ``token``.
-``exec``            ``id``, ``code``, ``name``, ``fork`` (bool), ``token`` (when forking),
-                    ``cpu_s``: run a cell. With ``fork`` the holder forks a child that
-                    connects with ``token``, runs the cell, sends the ``reply`` and becomes
-                    the holder; without it the cell runs in place.
-``fork``            ``id``, ``token``: fork a copy of this namespace that connects with
-                    ``token``; the reply value is the child's pid.
-``set_var``         ``id``, ``name``, ``value``: bind a variable (plain data).
-``get_var``         ``id``, ``name``: reply with the variable's value as plain data.
-``summary``         ``id``: reply with ``{name: [type name, short repr]}``.
-``set_proxy``       ``id``, ``factory`` (``"package.module:function"``): rebuild the tool
-                    proxies with another proxy factory.
-``extend``          ``id``, ``hook`` (``"package.module:function"``): call
-                    ``hook(sandbox, channel)`` in the process.
-``exit``            no reply; the process exits at once.
-``tool_result``     ``call``, ``value``: the outcome of a tool call.
-``tool_error``      ``call``, ``type`` (a name from :data:`SAFE_EXCEPTION_NAMES` or None),
-                    ``original_type``, ``message``: a tool call failed.
-==================  ====================================================================
-
-Worker -> runtime:
-
-==================  ====================================================================
-``hello``           ``pid``, ``role`` (root / holder / cell / fork), ``token``.
-``forked``          ``token``, ``pid``: sent by a parent right after it forked a child.
-``reply``           ``id``, ``ok``; then ``value``, or ``error_type`` and ``message``.
-                    A cell's reply value is ``{stdout, error, error_type, final}``.
-``call``            ``call`` (id), ``name``, ``args`` (tuple), ``kwargs`` (dict): a tool call.
-``child_exit``      ``pid``, ``code`` (int or None), ``signal`` (int or None): a child of
-                    the sender was reaped.
-==================  ====================================================================
 """
 
 from __future__ import annotations
@@ -56,19 +24,27 @@ from __future__ import annotations
 import builtins
 import io
 import pickle
+import re
 import socket
 import struct
+from itertools import chain
 from typing import Any
 
 TOKEN_ENV = "AGENTRT_REPL_TOKEN"
 """Environment variable carrying the root worker's hello token."""
 
-MAX_FRAME_BYTES = 64 * 1024 * 1024
-"""Largest frame the runtime accepts from a worker (64 MiB)."""
+MAX_FRAME_BYTES = 16 * 1024 * 1024
+"""Largest frame the runtime accepts from a worker (16 MiB)."""
+MAX_DECODED_BYTES = 48 * 1024 * 1024
+"""Most memory one worker frame may take once decoded (estimated from its opcodes first)."""
 
 HEADER = struct.Struct(">I")
 PICKLE_PROTOCOL = 5
 MAX_PLAIN_DEPTH = 100
+MAX_VALUE_BYTES = 4 * MAX_FRAME_BYTES
+"""Largest value a worker may return (its :func:`plain_size`, shared references expanded)."""
+MAX_VALUE_DEPTH = MAX_PLAIN_DEPTH + 4
+"""How deeply a returned value may nest (a cell's result wraps its FINAL value twice)."""
 
 SAFE_EXCEPTION_NAMES = frozenset({
     "ArithmeticError", "AssertionError", "AttributeError", "ConnectionError", "EOFError",
@@ -167,6 +143,7 @@ class _PlainUnpickler(pickle.Unpickler):
 
 def decode_untrusted(payload: bytes) -> dict[str, Any]:
     """Decode a frame sent by a worker: plain data only, and it must be a message dict."""
+    check_untrusted_pickle(payload)
     try:
         message = _PlainUnpickler(io.BytesIO(payload)).load()
     except Exception as exc:  # any malformed pickle is a protocol error
@@ -174,6 +151,172 @@ def decode_untrusted(payload: bytes) -> dict[str, Any]:
     if type(message) is not dict or type(message.get("op")) is not str:
         raise ProtocolError("a frame must hold a dict with a string 'op'")
     return message
+
+
+# Opcodes a plain-data pickle (protocol 4 or 5, as ``pickle.dumps`` writes it) may use, by how
+# their argument is laid out, and about what each costs once decoded (object plus a slot in its
+# container). Everything else (classes, reductions, text protocols, PUT/BINPUT with a memo index
+# of the sender's choosing, buffers) is refused.
+_SLOT = 16
+_ARGLESS = {ord("N"): _SLOT, 0x88: _SLOT, 0x89: _SLOT, ord("]"): 56 + _SLOT,
+            ord(")"): _SLOT, ord("}"): 64 + _SLOT, 0x8F: 216 + _SLOT,
+            0x85: 48 + _SLOT, 0x86: 56 + _SLOT, 0x87: 64 + _SLOT,    # TUPLE1..3
+            ord("a"): 8, ord("s"): 48}                                 # APPEND, SETITEM
+_FIXED = {ord("K"): (1, _SLOT), ord("M"): (2, 28 + _SLOT), ord("J"): (4, 32 + _SLOT),
+          ord("G"): (8, 24 + _SLOT)}
+_RUN_OF = {code: re.compile(b"(?:%s.{%d})+" % (re.escape(bytes([code])), width), re.DOTALL)
+           for code, (width, _) in _FIXED.items()}
+_SIZED = {0x8A: 1, ord("C"): 1, 0x8C: 1, 0x8B: 4, ord("B"): 4, ord("X"): 4, 0x8E: 8, 0x8D: 8}
+_FROM_MARK = {ord("t"): 40, ord("l"): 56, ord("d"): 64, 0x91: 216,   # build from marked items
+              ord("e"): 8, ord("u"): 48, 0x90: 32}                    # APPENDS, SETITEMS, ADDITEMS
+_MEMOIZE, _MARK, _FRAME, _STOP = 0x94, ord("("), 0x95, ord(".")
+_GETS = {ord("h"): 1, ord("j"): 4}
+
+
+def check_untrusted_pickle(payload: bytes, *, budget: int = MAX_DECODED_BYTES) -> None:
+    """Raise ProtocolError unless ``payload`` is a pickle of plain data (protocol 4 or 5) that
+    decodes within about ``budget`` bytes of memory. One pass over its opcodes (runs of
+    numbers are skipped at C speed)."""
+    end = len(payload)
+    if end < 3 or payload[0] != 0x80 or payload[1] not in (4, 5):
+        raise ProtocolError("a frame must be a pickle of protocol 4 or 5")
+    position, cost, memo, marks = 2, 0, 0, 0
+    argless, sized, fixed, from_mark = _ARGLESS, _SIZED, _FIXED, _FROM_MARK
+    while position < end:
+        code = payload[position]
+        position += 1
+        if code == _MEMOIZE:
+            memo += 1
+            cost += 16
+            continue
+        if code in sized:
+            width = sized[code]
+            if width == 1 and position < end:
+                length = payload[position]
+            else:
+                length = int.from_bytes(payload[position:position + width], "little")
+            position += width + length
+            cost += length + 80 + _SLOT
+        elif code in argless:
+            cost += argless[code]
+        elif code in fixed:
+            width, weight = fixed[code]
+            run = _RUN_OF[code].match(payload, position - 1)  # this and the same ones after it
+            if run is None:
+                raise ProtocolError("a frame ended inside an opcode")
+            position = run.end()
+            cost += (position - run.start()) // (width + 1) * weight
+        elif code == _MARK:
+            marks += 1
+            cost += 8
+            continue
+        elif code in from_mark:
+            if marks == 0:
+                raise ProtocolError("a frame is malformed (no mark)")
+            marks -= 1
+            cost += from_mark[code]
+        elif code in _GETS:
+            width = _GETS[code]
+            if int.from_bytes(payload[position:position + width], "little") >= memo:
+                raise ProtocolError("a frame refers to an object it has not built")
+            position += width
+            cost += _SLOT
+        elif code == _FRAME:
+            position += 8
+        elif code == _STOP:
+            if position != end:
+                raise ProtocolError("a frame has data after its STOP opcode")
+            return
+        else:
+            raise ProtocolError(f"a frame used pickle opcode {bytes([code])!r}, which only "
+                                "non-plain data needs")
+        if cost > budget:
+            raise ProtocolError(
+                f"a frame would take more than {budget // (1024 * 1024)} MiB once decoded")
+    raise ProtocolError("a frame ended before its STOP opcode")
+
+
+class PlainDataTooLarge(ValueError):
+    """Plain data is bigger (shared references expanded) or deeper than a limit allows."""
+
+
+_SCALAR_SIZE = 8
+_CONTAINERS = (list, tuple, set, frozenset, dict)
+_COUNTED_BY_LENGTH = (str, bytes, bytearray)
+_PLAIN_SCALARS_8 = frozenset({int, float, bool, type(None)})
+_chain = chain.from_iterable
+
+
+def _items(container: Any) -> Any:
+    """The items of a container (a dict's keys and values), through its base class."""
+    kind = type(container)
+    if issubclass(kind, dict):
+        return _chain(dict.items(container))
+    for base in (list, tuple, set, frozenset):
+        if issubclass(kind, base):
+            return base.__iter__(container)
+    raise TypeError(kind)
+
+
+def plain_size(value: Any, *, limit: int, max_depth: int) -> int:
+    """The size of ``value`` with every shared reference counted each time it appears.
+
+    A ``str`` counts one per character, ``bytes`` / ``bytearray`` one per byte, any other
+    non-container 8, and every list, tuple, set, frozenset or dict 8 plus its items (a dict's
+    keys and values). Types are read with ``type()`` and containers are read through their base
+    class, so nothing the value's own class defines runs (and a value the shadow has not
+    resolved yet counts 8, unforced). Each distinct container is measured once, so the cost
+    follows the distinct objects, not the expanded size. Raises `PlainDataTooLarge` as soon as
+    the size passes ``limit``, or when containers nest ``max_depth`` levels deep (a container
+    that holds itself does).
+    """
+    kind = type(value)
+    if not issubclass(kind, _CONTAINERS):
+        size = len(value) if issubclass(kind, _COUNTED_BY_LENGTH) else _SCALAR_SIZE
+        if size > limit:
+            raise PlainDataTooLarge(f"plain data is larger than {limit:,} bytes")
+        return size
+    too_deep = f"containers nest {max_depth} levels deep or more (or contain themselves)"
+    finished: dict[int, tuple[int, int]] = {}  # id -> (size, levels) of measured containers
+    # One entry per container being measured: [container, items, size so far, levels below].
+    stack: list[list[Any]] = [[value, _items(value), _SCALAR_SIZE, 0]]
+    scalars, by_length, containers = _PLAIN_SCALARS_8, _COUNTED_BY_LENGTH, _CONTAINERS
+    while True:
+        entry = stack[-1]
+        size, levels, depth = entry[2], entry[3], len(stack)
+        for item in entry[1]:
+            kind = type(item)
+            if kind in scalars:
+                size += _SCALAR_SIZE
+                continue
+            if kind is str or issubclass(kind, by_length):
+                size += len(item)
+            elif issubclass(kind, containers):
+                known = finished.get(id(item))
+                if known is None:
+                    if depth >= max_depth:
+                        raise PlainDataTooLarge(too_deep)
+                    entry[2], entry[3] = size, levels
+                    stack.append([item, _items(item), _SCALAR_SIZE, 0])
+                    break
+                if depth + known[1] > max_depth:
+                    raise PlainDataTooLarge(too_deep)
+                size += known[0]
+                levels = max(levels, known[1])
+            else:
+                size += _SCALAR_SIZE
+            if size > limit:
+                raise PlainDataTooLarge(f"plain data is larger than {limit:,} bytes")
+        else:  # this container is measured: add it to its parent
+            if size > limit:
+                raise PlainDataTooLarge(f"plain data is larger than {limit:,} bytes")
+            stack.pop()
+            finished[id(entry[0])] = (size, levels + 1)
+            if not stack:
+                return size
+            parent = stack[-1]
+            parent[2] += size
+            parent[3] = max(parent[3], levels + 1)
 
 
 def safe_exception_class(name: object) -> type[BaseException] | None:

@@ -20,6 +20,7 @@ bypassed (see docs/sandbox.md).
 from __future__ import annotations
 
 import _string  # type: ignore[import-not-found]
+import abc
 import ast
 import builtins
 import collections
@@ -39,6 +40,7 @@ import string
 import sys
 import types
 import typing as typing_module
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -190,10 +192,17 @@ _MISSING = object()
 
 
 def guarded_getattr(obj: Any, name: str, default: Any = _MISSING) -> Any:
-    """``getattr`` for sandboxed code: refuses private and internal attributes."""
+    """``getattr`` for sandboxed code: refuses private and internal attributes, ``__init__``
+    except on ``super()`` of an object the sandbox made, and ABC registration."""
     if name == "__init__" and type(obj) is super:
+        if not _defined_in_sandbox(obj.__self__) or isinstance(obj.__self__, type):
+            raise AttributeError("super().__init__ is available only on objects of classes "
+                                 "defined in the sandbox")
         return obj.__init__
     check_attribute_name(obj, name)
+    if name == "register" and isinstance(obj, abc.ABCMeta):
+        raise AttributeError(f"{obj.__name__}.register() is not available in the sandbox (it "
+                             "changes what isinstance() answers for everyone)")
     if name in _STR_METHOD_OVERRIDES:
         if isinstance(obj, str):
             return functools.partial(_STR_METHOD_OVERRIDES[name], obj)
@@ -245,6 +254,22 @@ def guarded_getitem(obj: Any, key: Any) -> Any:
 _WRITABLE_TYPES = (list, dict, set, bytearray, collections.deque, decimal.Context)
 
 
+_SANDBOX_CLASSES: weakref.WeakSet[type] = weakref.WeakSet()
+"""Classes made by the sandbox: ``class`` statements and the vetted class factories."""
+
+
+def _made_class(cls: Any) -> Any:
+    """Record ``cls`` as made by the sandbox; returns it."""
+    if isinstance(cls, type):
+        _SANDBOX_CLASSES.add(cls)
+    return cls
+
+
+def _build_class(function: Any, name: str, *bases: Any, **options: Any) -> Any:
+    """The ``class`` statement (``__build_class__``), recording what it makes."""
+    return _made_class(builtins.__build_class__(function, name, *bases, **options))
+
+
 def _defined_in_sandbox(obj: Any) -> bool:
     if isinstance(obj, types.FunctionType):
         return obj.__module__ == SANDBOX_MODULE_NAME
@@ -252,9 +277,13 @@ def _defined_in_sandbox(obj: Any) -> bool:
     return getattr(cls, "__module__", None) == SANDBOX_MODULE_NAME
 
 
+def _writable(obj: Any) -> bool:
+    return isinstance(obj, _WRITABLE_TYPES) or _defined_in_sandbox(obj)
+
+
 def guarded_write(obj: Any) -> Any:
     """Allow item/attribute writes on containers and on things defined in the sandbox."""
-    if isinstance(obj, _WRITABLE_TYPES) or _defined_in_sandbox(obj):
+    if _writable(obj):
         return obj
     raise TypeError(
         f"cannot modify {type(obj).__name__!r} objects in the sandbox (only lists, dicts, "
@@ -405,32 +434,59 @@ def _writing_to_argument(function: Callable[..., Any]) -> Callable[..., Any]:
     return decorate
 
 
+_NEUTRAL_BASES = frozenset({object, typing_module.Generic})
+
+
+def _check_dataclass_fields(target: type) -> None:
+    """Raise unless every class ``target`` derives from was made by the sandbox and every
+    field ``dataclass`` would read (its own annotations, every base's dataclass fields) has a
+    public identifier for a name: dataclasses writes source code from them."""
+    for cls in target.__mro__:
+        if cls in _NEUTRAL_BASES or cls.__module__ == "builtins":
+            continue  # carry no dataclass fields
+        if cls not in _SANDBOX_CLASSES:
+            raise TypeError(f"dataclass(): {cls.__qualname__!r} was not defined in the sandbox")
+        namespace = type.__dict__["__dict__"].__get__(cls)
+        annotations = namespace.get("__annotations__", {})
+        fields = namespace.get("__dataclass_fields__", {})
+        if type(annotations) is not dict or type(fields) is not dict:
+            raise TypeError(f"dataclass(): {cls.__qualname__!r} has crafted annotations")
+        check_field_names(dict.keys(annotations), "dataclass field")
+        for key, field in dict.items(fields):
+            if type(field) is not _dataclasses_module.Field or field.name != key:
+                raise TypeError(f"dataclass(): {cls.__qualname__!r} has crafted fields")
+            check_field_names([key], "dataclass field")
+
+
 def _safe_dataclass(cls: Any = None, /, **options: Any) -> Any:
-    """``dataclasses.dataclass`` for classes defined in the sandbox whose field names are
-    public identifiers (dataclasses generates source code from them)."""
+    """``dataclasses.dataclass`` for classes made by the sandbox (bases included) whose fields,
+    inherited ones too, have public identifiers for names."""
 
     def wrap(target: Any) -> Any:
-        if not isinstance(target, type) or not _defined_in_sandbox(target):
+        if not isinstance(target, type):
             raise TypeError("dataclass() applies only to classes defined in the sandbox")
-        check_field_names(list(target.__dict__.get("__annotations__", {})), "dataclass field")
-        return _dataclasses_module.dataclass(target, **options)
+        _check_dataclass_fields(target)
+        return _made_class(_dataclasses_module.dataclass(target, **options))
 
     return wrap if cls is None else wrap(cls)
 
 
 class _CheckedReconstruct:
     """``copy``'s reconstruction step, refusing what only an attack needs: a reduction that
-    rebuilds a class, module or function, or state that sets dunder attributes."""
+    rebuilds a class, module or function, state that sets dunder attributes, and writes (state,
+    items) into an object the sandbox did not make, unless it is a new copy of the very object
+    being copied (a stdlib object's own reduction)."""
 
     def __init__(self, real: Callable[..., Any]) -> None:
         self.real = real
 
     def __call__(self, x: Any, memo: Any, func: Any, args: Any, state: Any = None,
-                 *rest: Any, **kwargs: Any) -> Any:
+                 listiter: Any = None, dictiter: Any = None, *rest: Any, **kwargs: Any) -> Any:
         if isinstance(state, tuple) and len(state) == 2 and isinstance(state[1], dict):
             for key in state[1]:
                 if type(key) is not str or (key.startswith("__") and key.endswith("__")):
                     raise TypeError(f"copy: refusing to set attribute {key!r} in the sandbox")
+        writes = state is not None or listiter is not None or dictiter is not None
 
         def build(*build_args: Any, **build_kwargs: Any) -> Any:
             made = func(*build_args, **build_kwargs)
@@ -438,9 +494,13 @@ class _CheckedReconstruct:
                                  types.BuiltinFunctionType, types.MethodType)):
                 raise TypeError("copy: this object's reduction rebuilds a class, module or "
                                 "function, which the sandbox refuses")
+            fresh_copy = type(made) is type(x) and made is not x
+            if writes and not fresh_copy and not _writable(made):
+                raise TypeError(f"copy: this object's reduction writes into a "
+                                f"{type(made).__name__!r} object the sandbox did not make")
             return made
 
-        return self.real(x, memo, build, args, state, *rest, **kwargs)
+        return self.real(x, memo, build, args, state, listiter, dictiter, *rest, **kwargs)
 
 
 def _with_checked_copy(function: Callable[..., Any]) -> Callable[..., Any]:
@@ -466,8 +526,8 @@ def _safe_namedtuple(typename: str, field_names: Any, *, rename: bool = False,
     """``collections.namedtuple``, always owned by the sandbox (no ``module=``)."""
     if module is not None:
         raise ValueError("namedtuple(module=...) is not supported in the sandbox")
-    return collections.namedtuple(typename, field_names, rename=rename, defaults=defaults,
-                                  module=SANDBOX_MODULE_NAME)
+    return _made_class(collections.namedtuple(typename, field_names, rename=rename,
+                                              defaults=defaults, module=SANDBOX_MODULE_NAME))
 
 
 def _member_names(names: Any) -> tuple[Any, list[Any]]:
@@ -490,13 +550,18 @@ def _sandbox_enum(base: type) -> type:
         check_field_names(keys, "Enum member name")
         if options.get("module") is None:
             options["module"] = SANDBOX_MODULE_NAME
-        return real_create.__func__(cls, class_name, names, **options)
+        return _made_class(real_create.__func__(cls, class_name, names, **options))
 
     real_create = base._create_
     safe = types.new_class(base.__name__, (base,), exec_body=lambda ns: ns.update(
         {"__module__": base.__module__, "__qualname__": base.__qualname__}))
     safe._create_ = classmethod(create)
     return safe
+
+
+def _safe_dataclass_transform(**options: Any) -> Callable[[Any], Any]:
+    """``typing.dataclass_transform``: its decorator marks only objects the sandbox made."""
+    return _writing_to_argument(typing_module.dataclass_transform(**options))
 
 
 def _reveal_type(obj: Any, /) -> Any:
@@ -515,6 +580,9 @@ class _ModuleRule:
     only: tuple[str, ...] = ()
     deny: frozenset[str] = frozenset()
     replace: Mapping[str, Any] | None = None
+    plain_results: bool = False
+    """Its functions return only numbers, strings and containers of what they were given, so
+    their results need no check (kept fast and identical: the shadow knows ``json.dumps``)."""
 
 
 _SANDBOX_ENUMS = {name: _sandbox_enum(getattr(enum, name))
@@ -524,9 +592,12 @@ _SANDBOX_ENUMS = {name: _sandbox_enum(getattr(enum, name))
 _MODULE_RULES: dict[str, _ModuleRule] = {
     "typing": _ModuleRule(
         deny=frozenset({"get_type_hints", "ForwardRef"}),  # both eval strings
-        replace={"reveal_type": _reveal_type,
+        replace={"reveal_type": _reveal_type, "dataclass_transform": _safe_dataclass_transform,
                  **{name: _writing_to_argument(getattr(typing_module, name))
                     for name in ("final", "no_type_check", "runtime_checkable")}}),
+    "json": _ModuleRule(plain_results=True),
+    "math": _ModuleRule(plain_results=True),
+    "cmath": _ModuleRule(plain_results=True),
     "functools": _ModuleRule(
         deny=frozenset({"singledispatch", "singledispatchmethod"}),  # register() evals hints
         replace={"update_wrapper": _safe_update_wrapper, "wraps": _safe_wraps,
@@ -555,6 +626,36 @@ _MODULE_RULES: dict[str, _ModuleRule] = {
     "html": _ModuleRule(only=("escape", "unescape")),
 }
 _MUTABLE_MODULE_VALUES = (types.ModuleType, dict, list, set, bytearray)
+_FUNCTION_TYPES = (types.FunctionType, types.BuiltinFunctionType, types.MethodType)
+_REFUSED_RESULTS = (types.ModuleType, types.FrameType, types.CodeType, types.TracebackType,
+                    typing_module.ForwardRef)
+
+
+def sandbox_value(value: Any, *, nested: bool = False) -> Any:
+    """What a facade function returned, as the sandbox may hold it: the real ``type`` and
+    other metaclasses become the sandbox's ``type``; modules, frames, code, tracebacks and
+    ``ForwardRef`` (which stdlib code evaluates) are refused; tuples, and lists inside them,
+    are mapped item by item."""
+    if isinstance(value, type):
+        return SandboxType if issubclass(value, type) else value
+    kind = type(value)
+    if kind is tuple or (nested and kind is list):
+        mapped = [sandbox_value(item, nested=True) for item in value]
+        return tuple(mapped) if kind is tuple else mapped
+    if isinstance(value, _REFUSED_RESULTS):
+        raise TypeError(f"this call returned a {kind.__name__} object, which the sandbox may "
+                        "not hold")
+    return value
+
+
+def _checked_results(function: Callable[..., Any]) -> Callable[..., Any]:
+    """``function`` with its results passed through :func:`sandbox_value`."""
+
+    @functools.wraps(function)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return sandbox_value(function(*args, **kwargs))
+
+    return call
 
 
 class SandboxModule:
@@ -604,6 +705,8 @@ def module_facade(name: str) -> SandboxModule:
         value = getattr(module, attr, _MISSING)
         if value is _MISSING or isinstance(value, _MUTABLE_MODULE_VALUES):
             continue
+        if isinstance(value, _FUNCTION_TYPES) and not rule.plain_results:
+            value = _checked_results(value)
         attributes[attr] = value
     attributes.update(rule.replace or {})
     prefix = name + "."
@@ -708,7 +811,6 @@ _SAFE_BUILTIN_NAMES = (
     "list", "map", "max", "min", "next", "object", "oct", "ord", "pow", "property", "range",
     "repr", "reversed", "round", "set", "slice", "sorted", "staticmethod", "str", "sum",
     "super", "tuple", "zip", "None", "True", "False", "Ellipsis", "NotImplemented",
-    "__build_class__",
 )
 
 _UNAVAILABLE_BUILTINS = {
@@ -758,6 +860,7 @@ def make_builtins() -> dict[str, Any]:
         "dir": _filtered_dir,
         "ToolError": ToolError,
         "__import__": guarded_import,
+        "__build_class__": _build_class,
         "__metaclass__": type,
         "_getattr_": guarded_getattr,
         "_getitem_": guarded_getitem,

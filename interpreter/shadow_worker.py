@@ -30,8 +30,10 @@ import sys
 import threading
 from typing import Any
 
+from . import frames
 from . import sandbox as sandbox_module
 from .arg_limits import check_arguments
+from .frames import Launch, ShadowDone, WorkerFrame
 from .lazy import Abandoned, LazyTable, PendingLaunches, lazy_aware_guards, shadow_helpers
 from .protocol import NotPlainDataError, to_plain
 from .shadow_transform import compile_shadow
@@ -95,9 +97,9 @@ class ShadowRun:
         self.final_called = False
 
     # -- messages ------------------------------------------------------------------------------
-    def send(self, message: dict[str, Any]) -> None:
+    def send(self, frame: WorkerFrame) -> None:
         with self._send_lock:
-            self.process.send(message)
+            self.process.send(frame)
 
     def _send_launch(self, call_id: Any, tool: str, args: tuple, kwargs: dict) -> None:
         lineno, deps = self._launch_info.pop(call_id, (None, []))
@@ -106,21 +108,20 @@ class ShadowRun:
         except NotPlainDataError:
             self.table.poison(call_id, "arguments are not plain data")
             return
-        self.send({"op": "launch", "call": call_id, "name": tool, "args": plain_args,
-                   "kwargs": plain_kwargs, "lineno": lineno, "deps": deps})
+        self.send(Launch(call_id, tool, plain_args, plain_kwargs, lineno, tuple(deps)))
 
     def _receive_loop(self) -> None:
         while True:
             message = self.process.receive()  # exits the process when the runtime is gone
             op = message.get("op")
             call = message.get("call")
-            if op == "early_result":
+            if op == frames.EARLY_RESULT:
                 self.table.resolve(call, message.get("value"))
-            elif op == "early_fail":
+            elif op == frames.EARLY_FAIL:
                 self.table.fail(call, str(message.get("message", "")))
-            elif op == "early_poison":
+            elif op == frames.EARLY_POISON:
                 self.table.poison(call, str(message.get("message", "not launched")))
-            elif op == "exit":
+            elif op == frames.EXIT:
                 import os
 
                 os._exit(0)
@@ -232,8 +233,7 @@ class ShadowRun:
                 final_block = block
             if self.stopped is not None:
                 break
-        self.send({"op": "shadow_done", "executed": executed, "abandoned": abandoned,
-                   "pending": self.launches.pending_count(), "stopped": self.stopped})
+        self.send(ShadowDone(executed, abandoned, self.launches.pending_count(), self.stopped))
         threading.Event().wait()  # keep serving pipelined launches until killed
 
 

@@ -38,19 +38,31 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
+from . import frames
 from .arg_limits import check_arguments
+from .frames import ChildExit, Forked, Hello, Reply, ToolCall, WorkerFrame
 from .protocol import (
+    MAX_VALUE_BYTES,
+    MAX_VALUE_DEPTH,
     TOKEN_ENV,
     FramedSocket,
     FrameTooLargeError,
     NotPlainDataError,
+    PlainDataTooLarge,
+    plain_size,
     safe_exception_class,
     to_plain,
 )
+from .rate import TokenBucket
 from .sandbox import Sandbox, ToolError
 
 EXIT_START_FAILED = 70
 _PR_SET_CHILD_SUBREAPER = 36
+EXIT_REPORTS_BURST = 256
+EXIT_REPORTS_PER_S = 64
+"""The rate at which a process reports the exits it reaps (beyond it, causes go unnamed):
+processes a breached cell leaves behind cannot make the root flood the runtime."""
+
 
 
 @dataclass(frozen=True)
@@ -83,9 +95,8 @@ class ToolChannel:
             raise TypeError(f"tool {name!r}: arguments must be plain data: {exc}") from None
         self._next_call += 1
         try:
-            self._process.send({"op": "call", "call": self._next_call, "name": name,
-                                "args": plain_args, "kwargs": plain_kwargs,
-                                "line": _cell_line()})
+            self._process.send(ToolCall(self._next_call, name, plain_args, plain_kwargs,
+                                        _cell_line()))
         except FrameTooLargeError as exc:
             raise ValueError(f"tool {name!r}: arguments are too large ({exc})") from None
         return self._next_call
@@ -93,7 +104,7 @@ class ToolChannel:
     def wait(self, call_id: int) -> Any:
         """Block until call ``call_id`` finishes; return its value or raise its error."""
         outcome = self._process.wait_tool_outcome(call_id)
-        if outcome["op"] == "tool_result":
+        if outcome["op"] == frames.TOOL_RESULT:
             return outcome.get("value")
         message = str(outcome.get("message", ""))
         exception_class = safe_exception_class(outcome.get("type"))
@@ -187,13 +198,19 @@ class _Process:
         self._backlog: deque[dict[str, Any]] = deque()
         self._tool_outcomes: dict[int, dict[str, Any]] = {}
         self._wakeup: tuple[int, int] | None = None
+        self._handlers = self.handlers()
+        self._report_budget = TokenBucket(EXIT_REPORTS_BURST, EXIT_REPORTS_PER_S)
         self._open_child_watch()
 
+    def handlers(self) -> dict[str, Callable[[dict[str, Any]], None]]:
+        """The commands this kind of process serves, by op (see frames.py)."""
+        return {frames.EXIT: self._on_exit}
+
     # -- connection ------------------------------------------------------------
-    def send(self, message: dict[str, Any]) -> None:
-        """Send a message; exit quietly if the runtime has gone away."""
+    def send(self, frame: WorkerFrame) -> None:
+        """Send a frame; exit quietly if the runtime has gone away."""
         try:
-            self._link.send(message)
+            self._link.send(frame.to_message())
         except FrameTooLargeError:
             raise
         except OSError:
@@ -210,7 +227,7 @@ class _Process:
         """Read frames until call ``call_id`` has an outcome; keep other frames for later."""
         while call_id not in self._tool_outcomes:
             message = self.receive()
-            if message.get("op") in ("tool_result", "tool_error"):
+            if message.get("op") in (frames.TOOL_RESULT, frames.TOOL_ERROR):
                 self._tool_outcomes[message.get("call")] = message
             else:
                 self._backlog.append(message)
@@ -219,15 +236,15 @@ class _Process:
     def reply(self, request_id: Any, value: Any = None) -> None:
         """Answer request ``request_id`` with ``value`` (an error reply if it is too large)."""
         try:
-            self.send({"op": "reply", "id": request_id, "ok": True, "value": value})
-        except FrameTooLargeError as exc:
+            plain_size(value, limit=MAX_VALUE_BYTES, max_depth=MAX_VALUE_DEPTH)
+            self.send(Reply(request_id, True, value))
+        except (FrameTooLargeError, PlainDataTooLarge) as exc:
             self.reply_error(request_id, "OverflowError",
                              f"the result is too large to return: {exc}")
 
     def reply_error(self, request_id: Any, error_type: str, message: str) -> None:
         """Answer request ``request_id`` with an error."""
-        self.send({"op": "reply", "id": request_id, "ok": False, "error_type": error_type,
-                   "message": message[:10_000]})
+        self.send(Reply(request_id, False, None, error_type, message[:10_000]))
 
     # -- loop ----------------------------------------------------------------------
     def serve(self) -> NoReturn:
@@ -245,7 +262,7 @@ class _Process:
 
     def _dispatch(self, message: dict[str, Any]) -> None:
         op = message.get("op")
-        handler = getattr(self, f"_on_{op}", None) if isinstance(op, str) else None
+        handler = self._handlers.get(op) if isinstance(op, str) else None
         request_id = message.get("id")
         if handler is None:
             if request_id is not None:
@@ -256,9 +273,6 @@ class _Process:
         except Exception as exc:
             if request_id is not None:
                 self.reply_error(request_id, type(exc).__name__, str(exc))
-
-    def _on_ping(self, message: dict[str, Any]) -> None:
-        self.reply(message["id"], os.getpid())
 
     def _on_exit(self, message: dict[str, Any]) -> None:
         os._exit(0)
@@ -296,9 +310,8 @@ class _Process:
             if pid == 0:
                 return
             code = os.waitstatus_to_exitcode(status)
-            self.send({"op": "child_exit", "pid": pid,
-                       "code": code if code >= 0 else None,
-                       "signal": -code if code < 0 else None})
+            if self._report_budget.take():
+                self.send(ChildExit(pid, code if code >= 0 else None, -code if code < 0 else None))
 
     def _fork(self, token: str, role: str,
               prepare: Callable[[], None] | None = None) -> int | None:
@@ -308,7 +321,7 @@ class _Process:
         random_state = random.getstate()  # os.fork reseeds the global Random in the child
         pid = os.fork()
         if pid:
-            self.send({"op": "forked", "token": token, "pid": pid})
+            self.send(Forked(token, pid))
             return pid
         try:
             random.setstate(random_state)
@@ -320,7 +333,7 @@ class _Process:
             if prepare is not None:
                 prepare()
             self._link = FramedSocket.connect(self._config.socket_path)
-            self._link.send({"op": "hello", "pid": os.getpid(), "role": role, "token": token})
+            self._link.send(Hello(os.getpid(), role, token).to_message())
         except BaseException:
             traceback.print_exc()
             os._exit(EXIT_START_FAILED)
@@ -331,6 +344,9 @@ class _Root(_Process):
     """The process the runtime starts: reaps orphans and spawns namespace holders."""
 
     role = "root"
+
+    def handlers(self) -> dict[str, Callable[[dict[str, Any]], None]]:
+        return {**super().handlers(), frames.SPAWN: self._on_spawn}
 
     def _on_spawn(self, message: dict[str, Any]) -> None:
         prepared: list[Sandbox] = []
@@ -375,6 +391,12 @@ class _Holder(_Process):
         self._sandbox = sandbox
         self._channel = ToolChannel(self)
         self._install_tools(blocking_proxy)
+
+    def handlers(self) -> dict[str, Callable[[dict[str, Any]], None]]:
+        return {**super().handlers(), frames.EXEC: self._on_exec, frames.FORK: self._on_fork,
+                frames.SET_VAR: self._on_set_var, frames.GET_VAR: self._on_get_var,
+                frames.SUMMARY: self._on_summary, frames.SHADOW: self._on_shadow,
+                frames.SET_PROXY: self._on_set_proxy, frames.EXTEND: self._on_extend}
 
     @property
     def sandbox(self) -> Sandbox:
@@ -506,9 +528,9 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the runtime SIGTERMs the whole group
     _become_subreaper()
     link = FramedSocket.connect(argv[1])
-    link.send({"op": "hello", "pid": os.getpid(), "role": "root", "token": token})
+    link.send(Hello(os.getpid(), "root", token).to_message())
     init = link.recv()
-    if init.get("op") != "init":
+    if init.get("op") != frames.INIT:
         sys.exit(f"expected init, got {init.get('op')!r}")
     limits = init["limits"]
     sys.stderr = CappedStream(sys.stderr, int(limits["max_output_chars"]))

@@ -18,9 +18,11 @@ class ReplLimits:
     max_output_chars: printed output kept per cell; the rest is dropped with a note.
     recursion_limit: Python recursion limit inside the sandbox.
     start_timeout_s: how long starting or forking a worker process may take.
-    jail: confine the worker processes in the OS jail (namespaces, seccomp, RLIMITs; see
-        interpreter/jail.py): None jails when the machine allows it (else one warning),
-        True requires it, False turns it off. ``AGENTRT_JAIL=0/1`` changes the default.
+    jail: confine the worker processes in the OS jail (namespaces, seccomp, RLIMITs and,
+        where the machine allows it, a cgroup; see interpreter/jail.py). None (default) and
+        True require it: the REPL refuses to start where it cannot be built, saying why.
+        False turns it off, which is unsafe for untrusted code; with None, the environment
+        variable ``AGENTRT_JAIL=0`` does the same.
     disk_mb: size of the jail's private writable directory (a tmpfs, also the cwd) and the
         largest file a worker may write (RLIMIT_FSIZE, the worker's log included).
     """

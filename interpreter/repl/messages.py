@@ -1,23 +1,26 @@
-"""The REPL's message stream: unsolicited messages of forked sessions, for one consumer.
+"""The REPL's message stream: what shadow forks say, for one consumer.
 
-The REPL does not read these messages; it hands each one on as ``(session token, message)``
-in arrival order (across all connections), plus its own ``{"op": "refused_call", "name": ...}``
-notice when it refuses a tool call from a shadow session. A tool call waits until the
-consumer has received every message that arrived before it, so a message never falls
-behind a tool call that followed it.
+The REPL hands on each message of a shadow fork, already checked and typed
+(:class:`~..frames.Launch`, :class:`~..frames.ShadowDone`), as ``(session token, message)`` in
+arrival order across all connections, plus its own :class:`~..frames.RefusedCall` notice when it
+refuses a tool call from a shadow session. A tool call waits until the consumer has received
+every message that arrived before it, so a message never falls behind a tool call that followed
+it. At most :data:`MAX_QUEUED` messages wait unread; past that, the REPL stops reading from the
+sending worker until the consumer catches up.
 """
 
 from __future__ import annotations
-
-import math
-from typing import Any
 
 import anyio
 import anyio.abc
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-Message = tuple[str, dict[str, Any]]
+from ..frames import ShadowMessage
+
+Message = tuple[str, ShadowMessage]
 """``(session token, message)``: the token is that of the `ReplSession` that sent it."""
+
+MAX_QUEUED = 1024
 
 
 class ReplMessages(anyio.abc.ObjectReceiveStream[Message]):
@@ -25,7 +28,7 @@ class ReplMessages(anyio.abc.ObjectReceiveStream[Message]):
     ``receive()``). Closing it stops the stream: later messages are dropped."""
 
     def __init__(self) -> None:
-        send, receive = anyio.create_memory_object_stream[Message](math.inf)
+        send, receive = anyio.create_memory_object_stream[Message](MAX_QUEUED)
         self._send: MemoryObjectSendStream[Message] = send
         self._receive: MemoryObjectReceiveStream[Message] = receive
         self._posted = 0
@@ -38,11 +41,15 @@ class ReplMessages(anyio.abc.ObjectReceiveStream[Message]):
         """Whether the consumer closed the stream."""
         return self._closed
 
-    def post(self, token: str, message: dict[str, Any]) -> None:
-        """Queue a message (never blocks; dropped once the stream is closed)."""
-        if not self.closed:
-            self._send.send_nowait((token, message))
-            self._posted += 1
+    async def post(self, token: str, message: ShadowMessage) -> None:
+        """Queue a message; waits while :data:`MAX_QUEUED` are unread (dropped once closed)."""
+        if self.closed:
+            return
+        try:
+            await self._send.send((token, message))
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            return
+        self._posted += 1
 
     def mark(self) -> int:
         """How many messages were posted so far (for :meth:`wait_received`)."""

@@ -1,4 +1,11 @@
-"""The process table: the runtime-side record of every worker process and pending request."""
+"""The process table: the runtime-side record of every worker process and pending request.
+
+Liveness is the runtime's own observation, never a worker's word: a process has *exited* when
+its pidfd turned readable (or, for the root without the jail, when the runtime reaped it), and
+its connection is *dead* when the socket closed. A parent's ``child_exit`` report only names the
+cause of an exit the runtime has seen (or confirms one of a child that never connected, after
+the runtime checked ``/proc``).
+"""
 
 from __future__ import annotations
 
@@ -11,9 +18,11 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from .. import jail
 from ..protocol import encode_frame
+from . import process_tree
 from .results import ReplProcessDied
+
+TREE_KILL_CONFIRM_S = 5.0
 
 
 class Pending:
@@ -23,10 +32,10 @@ class Pending:
         self.id = request_id
         self.senders = senders
         self.done = anyio.Event()
-        self.reply: dict[str, Any] | None = None
+        self.reply: Any = None
         self.replied_by: Proc | None = None
 
-    def resolve(self, reply: dict[str, Any], sender: Proc) -> None:
+    def resolve(self, reply: Any, sender: Proc) -> None:
         if not self.done.is_set():
             self.reply, self.replied_by = reply, sender
             self.done.set()
@@ -42,19 +51,25 @@ class Proc:
         self.token = token
         self.role = role
         self.parent = parent
-        self.pid: int | None = None       # as the runtime sees it (signals go there)
+        self.pid: int | None = None       # as the runtime sees it (from the kernel)
         self.wire_pid: int | None = None  # as the process sees itself (its PID namespace)
+        self.pidfd: int | None = None     # held while the process may be running
         self.stream: anyio.abc.ByteStream | None = None
         self.send_lock = anyio.Lock()
         self.ready = anyio.Event()    # said hello, or died trying
-        self.dead = anyio.Event()     # connection closed: the process is gone
-        self.exited = anyio.Event()   # exit status known
+        self.dead = anyio.Event()     # connection closed (the process may still run)
+        self.exited = anyio.Event()   # the runtime saw the process end
+        self.exit_reported = anyio.Event()
         self.exit_code: int | None = None
         self.exit_signal: int | None = None
         self.stop_reason: str | None = None
         self.pending: set[Pending] = set()
         self.tool_scopes: set[anyio.CancelScope] = set()
         self.tool_calls_allowed = True
+        self.refused_calls = 0
+        self.ignored_frames = 0
+        self.refused_connections = 0
+        self.session_ended = False
 
     @property
     def alive(self) -> bool:
@@ -70,10 +85,22 @@ class Proc:
         for scope in list(self.tool_scopes):
             scope.cancel()
 
-    def record_exit(self, code: int | None, signal_number: int | None) -> None:
-        if not self.exited.is_set():
+    def report_exit(self, code: int | None, signal_number: int | None) -> None:
+        """How the process ended, as its parent (or the runtime, for the root) reports it."""
+        if not self.exit_reported.is_set():
             self.exit_code, self.exit_signal = code, signal_number
-            self.exited.set()
+            self.exit_reported.set()
+
+    def observe_exit(self) -> None:
+        """The runtime saw the process end (its pidfd turned readable, or it was reaped)."""
+        self.exited.set()
+
+    def close_pidfd(self) -> None:
+        """Release the pidfd (only its watcher does, after unregistering it)."""
+        pidfd, self.pidfd = self.pidfd, None
+        if pidfd is not None:
+            with contextlib.suppress(OSError):
+                os.close(pidfd)
 
     async def send(self, message: dict[str, Any]) -> None:
         if not self.alive:
@@ -87,14 +114,18 @@ class Proc:
 
 
 class ProcessTable:
-    """Every worker process by token and by pid, and every request awaiting a reply."""
+    """Every worker process by token and by pid, and every request awaiting a reply.
+
+    ``namespaced``: the workers live in the jail's PID namespace.
+    """
 
     def __init__(self) -> None:
         self.by_token: dict[str, Proc] = {}
         self.by_pid: dict[int, Proc] = {}
         self.pending: dict[int, Pending] = {}
         self.root: Proc | None = None
-        self._next_request = 0
+        self.namespaced = False
+        self.requests_made = 0
 
     def new_proc(self, role: str, parent: Proc | None = None) -> Proc:
         """Register a process that is about to start (it connects with the returned token)."""
@@ -104,32 +135,77 @@ class ProcessTable:
 
     def new_pending(self, senders: frozenset[Proc]) -> Pending:
         """Register a request whose reply may come from any of ``senders``."""
-        self._next_request += 1
-        pending = Pending(self._next_request, senders)
+        self.requests_made += 1
+        pending = Pending(self.requests_made, senders)
         self.pending[pending.id] = pending
         return pending
 
+    def starting_or_running(self) -> int:
+        """How many worker processes are starting or connected."""
+        return sum(1 for proc in self.by_token.values() if not proc.dead.is_set())
+
     def forget_if_finished(self, proc: Proc) -> None:
-        """Drop ``proc`` once its connection ended and its exit status is known."""
-        if proc.dead.is_set() and proc.exited.is_set() and proc is not self.root:
+        """Drop ``proc`` once its connection ended, its exit was seen and its parent (or the
+        root) reported how it ended. (A record whose report never comes is replaced when its
+        pid is reused.)"""
+        if proc.dead.is_set() and proc.exited.is_set() and proc.exit_reported.is_set() \
+                and proc is not self.root:
             self.by_token.pop(proc.token, None)
             if proc.wire_pid is not None and self.by_pid.get(proc.wire_pid) is proc:
                 del self.by_pid[proc.wire_pid]
 
-    def kill(self, proc: Proc, reason: str) -> None:
-        """SIGKILL ``proc`` if it may still be running (never a pid known to be gone)."""
+    def host_pid_of(self, proc: Proc) -> int | None:
+        """``proc``'s pid as the runtime sees it: from its connection, or (a fork that has not
+        connected) looked up from the pid its parent reported."""
+        if proc.pid is not None:
+            return proc.pid
+        root = self.root
+        if proc.wire_pid is None or root is None or root.pid is None:
+            return None
+        if self.namespaced:
+            return process_tree.host_pid(proc.wire_pid, root.pid)
+        members = process_tree.jail_members(root.pid, namespaced=False)
+        return proc.wire_pid if proc.wire_pid in members else None
+
+    def is_stray(self, pid: int | None) -> bool:
+        """Whether host pid ``pid`` is a live process of the jail (not the root) that is none
+        of the workers the runtime knows."""
+        root = self.root
+        if pid is None or root is None or root.pid is None or pid == root.pid \
+                or any(proc.pid == pid for proc in self.by_token.values()):
+            return False
+        return process_tree.in_jail(pid, root.pid, namespaced=self.namespaced)
+
+    def kill(self, proc: Proc, reason: str | None) -> None:
+        """SIGKILL ``proc`` (through its pidfd when it has connected), if it may still run;
+        ``reason`` (if given and the first) becomes the cause its death is reported with."""
         if proc.stop_reason is None:
             proc.stop_reason = reason
-        if proc.dead.is_set() or proc.exited.is_set():
+        if proc.exited.is_set():
             return
-        pid = proc.pid
-        if pid is None and proc.wire_pid is not None and self.root is not None \
-                and self.root.pid is not None:  # forked in the jail, not connected yet
-            pid = jail.host_pid(proc.wire_pid, self.root.pid)
-        if pid is None:
+        if proc.pidfd is not None:
+            process_tree.signal_pidfd(proc.pidfd, signal.SIGKILL)
             return
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
+        pid = self.host_pid_of(proc)
+        pidfd = process_tree.open_pidfd(pid) if pid is not None else None
+        if pidfd is not None:
+            process_tree.signal_pidfd(pidfd, signal.SIGKILL)
+            os.close(pidfd)
+
+    async def kill_tree(self, proc: Proc, reason: str) -> list[int]:
+        """Kill ``proc``, every process it started, and the jail's strays (adopted by the root,
+        unknown to the runtime); wait until they are gone. Returns the pids still running after
+        :data:`TREE_KILL_CONFIRM_S` (normally none)."""
+        self.kill(proc, reason)
+        root = self.root
+        pid = self.host_pid_of(proc)
+        if root is None or root.pid is None or pid is None or proc is root:
+            return []
+        keep = {p.pid for p in self.by_token.values()
+                if p.pid is not None and p is not proc and not p.exited.is_set()}
+        held = process_tree.kill_tree({pid}, root.pid, namespaced=self.namespaced, keep=keep)
+        return await anyio.to_thread.run_sync(process_tree.wait_gone, held,
+                                              TREE_KILL_CONFIRM_S)
 
     def clear(self) -> None:
         """Forget every process (after they were all stopped)."""

@@ -8,6 +8,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from ..frames import Reply
+
 @dataclasses.dataclass(frozen=True)
 class FinalAnswer:
     """An answer recorded by ``FINAL(answer)`` or ``FINAL_VAR("name")``.
@@ -58,11 +60,11 @@ class ReplProcessDied(ReplError):
     """The sandbox process behind a handle is no longer running."""
 
 
-def reply_value(reply: dict[str, Any]) -> Any:
+def reply_value(reply: Reply) -> Any:
     """The value of a command's reply, or its error raised as the matching exception."""
-    if reply.get("ok") is True:
-        return reply.get("value")
-    error_type, message = str(reply.get("error_type")), str(reply.get("message", ""))
+    if reply.ok:
+        return reply.value
+    error_type, message = str(reply.error_type), reply.message
     if error_type == "KeyError":
         raise KeyError(message)
     if error_type in ("TypeError", "NotPlainDataError"):
@@ -72,13 +74,12 @@ def reply_value(reply: dict[str, Any]) -> Any:
     raise ReplError(f"{error_type}: {message}")
 
 
-def cell_result(reply: dict[str, Any], duration: float) -> CellResult:
+def cell_result(reply: Reply, duration: float) -> CellResult:
     """A cell's reply frame as a :class:`CellResult` (malformed parts become an error)."""
-    if reply.get("ok") is not True:
-        error_type = str(reply.get("error_type") or "RuntimeError")
-        message = f"{error_type}: {reply.get('message', '')}"
-        return CellResult("", message, error_type, None, duration)
-    value = reply.get("value")
+    if not reply.ok:
+        error_type = reply.error_type or "RuntimeError"
+        return CellResult("", f"{error_type}: {reply.message}", error_type, None, duration)
+    value = reply.value
     if not isinstance(value, dict):
         return CellResult("", "RuntimeError: malformed cell result", "RuntimeError", None, duration)
     error, error_type = value.get("error"), value.get("error_type")

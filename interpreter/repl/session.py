@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import keyword
+import logging
 import os
 import shutil
 import signal
@@ -24,16 +25,21 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from .. import jail
+from .. import frames, jail
+from ..cgroup import ReplCgroup
 from ..protocol import TOKEN_ENV, to_plain
 from .limits import ReplLimits
 from .messages import ReplMessages
 from .processes import Proc, ProcessTable, death_cause
 from .results import CellResult, ReplError, ReplProcessDied, VariableSummary, cell_result, reply_value
-from .service import ReplService, ToolHandler
+from .service import MAX_CONNECTIONS, ReplService, ToolHandler
+
+logger = logging.getLogger(__name__)
 
 EXIT_REPORT_WAIT_S = 2.0
 WORKER_MODULE = "agentrt.interpreter.worker"
+RESERVED_CONNECTIONS = 3
+"""Connections kept free of forks: for the next cell and a restarted holder."""
 
 
 async def wait_any(events: Iterable[anyio.Event], timeout: float) -> None:
@@ -109,18 +115,18 @@ class ReplSession:
         value = to_plain(value)
         async with self._lock:
             await self._repl._command(self._require_alive(),
-                                        {"op": "set_var", "name": name, "value": value})
+                                      {"op": frames.SET_VAR, "name": name, "value": value})
 
     async def get_variable(self, name: str) -> Any:
         """The value of ``name`` as plain data (KeyError if unbound, TypeError if not plain)."""
         async with self._lock:
             return await self._repl._command(self._require_alive(),
-                                               {"op": "get_var", "name": name})
+                                             {"op": frames.GET_VAR, "name": name})
 
     async def namespace_summary(self) -> dict[str, VariableSummary]:
         """``{name: VariableSummary}`` for every variable in the namespace."""
         async with self._lock:
-            raw = await self._repl._command(self._require_alive(), {"op": "summary"})
+            raw = await self._repl._command(self._require_alive(), {"op": frames.SUMMARY})
         if not isinstance(raw, dict):
             raise ReplError("malformed namespace summary from the sandbox")
         return {str(k): VariableSummary(str(v[0]), str(v[1])) for k, v in raw.items()
@@ -131,13 +137,13 @@ class ReplSession:
         ``factory(name, signature, channel)`` in the worker (see worker.py)."""
         async with self._lock:
             await self._repl._command(self._require_alive(),
-                                        {"op": "set_proxy", "factory": factory})
+                                      {"op": frames.SET_PROXY, "factory": factory})
 
     async def extend(self, hook: str) -> None:
         """Call ``hook(sandbox, channel)`` (``"package.module:function"``) in the worker,
         e.g. to install builtins or replace ``sandbox.compiler``; forks inherit the result."""
         async with self._lock:
-            await self._repl._command(self._require_alive(), {"op": "extend", "hook": hook})
+            await self._repl._command(self._require_alive(), {"op": frames.EXTEND, "hook": hook})
 
     async def kill(self, *, wait: bool = True) -> None:
         """Kill the process holding this namespace (SIGKILL); with ``wait``, until it is gone."""
@@ -184,6 +190,7 @@ class Repl:
         self._root_process: anyio.abc.Process | None = None
         self._main: ReplSession | None = None
         self._jail = jail.OFF
+        self._cgroup: ReplCgroup | None = None
         self._messages: ReplMessages | None = None
 
     # -- lifecycle --------------------------------------------------------------
@@ -210,8 +217,13 @@ class Repl:
                 self._jail = await anyio.to_thread.run_sync(jail.plan_jail, self.limits.jail)
             except jail.JailUnavailable as exc:
                 raise ReplError(str(exc)) from None
+            self._table.namespaced = self._jail.namespaces
+            if self._jail.namespaces:  # a few small writes under /sys/fs/cgroup, if any
+                memory = self.limits.memory_mb
+                self._cgroup = ReplCgroup.create(
+                    (2 * memory + self.limits.disk_mb) * 2**20 if memory else None,
+                    jail.MAX_PROCESSES)
             self._service = ReplService(self._table, self._tools, self._tool_handler,
-                                        namespaces=self._jail.namespaces,
                                         messages=self._messages)
             await self._service.start(self._socket_path)
             await self._start_root()
@@ -230,6 +242,8 @@ class Repl:
             return
         with anyio.CancelScope(shield=True):
             await self._stop_processes()
+            if self._cgroup is not None:
+                await anyio.to_thread.run_sync(self._cgroup.remove)
             if self._service is not None:
                 await self._service.aclose()
             if self._tmpdir is not None:
@@ -240,12 +254,22 @@ class Repl:
         """Real tool calls refused because they came from a shadow fork."""
         return self._service.refused_tool_calls if self._service is not None else 0
 
+    @property
+    def protocol_errors(self) -> int:
+        """Worker sessions ended because a frame from the worker broke the protocol."""
+        return self._service.protocol_errors if self._service is not None else 0
+
+    @property
+    def refused_connections(self) -> int:
+        """Connections to the REPL's socket closed unread (over the cap, or no hello)."""
+        return self._service.refused_connections if self._service is not None else 0
+
     def messages(self) -> ReplMessages:
         """Open the stream of unsolicited messages from forked sessions, for one consumer.
 
         It yields ``(session token, message)`` in arrival order, messages unread by the
-        REPL, plus ``{"op": "refused_call", "name": tool}`` for each refused shadow tool
-        call (see :meth:`fork_holder`). May be opened before :meth:`start`; close it to stop
+        REPL (typed: ``frames.Launch``, ``frames.ShadowDone``), plus a ``frames.RefusedCall``
+        for each refused shadow tool call (see :meth:`fork_holder`). May be opened before :meth:`start`; close it to stop
         (later messages are then dropped) before opening another.
         """
         if self._messages is not None and not self._messages.closed:
@@ -396,7 +420,9 @@ class Repl:
         if self._jail.active:
             lockdown = {"seccomp": self._jail.seccomp, "disk_mb": self.limits.disk_mb,
                         "bound_pids": self._jail.namespaces and jail.caps_pid_space()}
-        await root.send({"op": "init", "tools": list(self._tools.items()), "limits": {
+        if self._cgroup is not None:
+            self._cgroup.add(root.pid)
+        await root.send({"op": frames.INIT, "tools": list(self._tools.items()), "limits": {
             "memory_mb": self.limits.memory_mb,
             "max_output_chars": self.limits.max_output_chars,
             "recursion_limit": self.limits.recursion_limit,
@@ -406,7 +432,8 @@ class Repl:
         code = await process.wait()
         if self._jail.namespaces and code > 128:  # bubblewrap reports a signal as 128 + n
             code = -(code - 128)
-        root.record_exit(code if code >= 0 else None, -code if code < 0 else None)
+        root.report_exit(code if code >= 0 else None, -code if code < 0 else None)
+        root.observe_exit()  # with the jail, every process in it is gone now
         if root.stream is None:
             root.mark_dead()
 
@@ -423,16 +450,20 @@ class Repl:
 
     async def _spawn_holder(self) -> Proc:
         holder = self._table.new_proc("holder", parent=self._table.root)
-        await self._command(self._table.root, {"op": "spawn", "token": holder.token},
+        await self._command(self._table.root, {"op": frames.SPAWN, "token": holder.token},
                             timeout=self.limits.start_timeout_s)
         await self._await_ready(holder, "the sandbox namespace process")
         return holder
 
     async def _fork(self, holder: Proc, *, tool_calls: bool = True) -> ReplSession:
+        if self._table.starting_or_running() >= MAX_CONNECTIONS - RESERVED_CONNECTIONS:
+            raise ReplError(f"too many sandbox processes are open (at most "
+                            f"{MAX_CONNECTIONS - RESERVED_CONNECTIONS}); kill forks you no "
+                            "longer need")
         child = self._table.new_proc("fork", parent=holder)
         child.tool_calls_allowed = tool_calls
         try:
-            await self._command(holder, {"op": "fork", "token": child.token},
+            await self._command(holder, {"op": frames.FORK, "token": child.token},
                                 timeout=self.limits.start_timeout_s)
             await self._await_ready(child, "the forked sandbox process")
         except BaseException:
@@ -469,7 +500,7 @@ class Repl:
         runner = self._table.new_proc("cell", parent=holder) if commit else holder
         pending = self._table.new_pending(frozenset({holder, runner}))
         runner.pending.add(pending)
-        message = {"op": "exec", "id": pending.id, "code": code, "name": name,
+        message = {"op": frames.EXEC, "id": pending.id, "code": code, "name": name,
                    "fork": commit, "cpu_s": limits.cpu_s}
         if commit:
             message["token"] = runner.token
@@ -485,9 +516,9 @@ class Repl:
             with anyio.move_on_after(deadline - time.monotonic()):
                 await pending.done.wait()
             if not pending.done.is_set():
-                self._table.kill(runner, "wall")
-                with anyio.move_on_after(5):
-                    await runner.dead.wait()
+                survivors = await self._table.kill_tree(runner, "wall")
+                if survivors:
+                    logger.error("sandbox processes %s survived a wall-clock kill", survivors)
                 pending.fail()
             finished = True
         finally:
@@ -498,13 +529,14 @@ class Repl:
         duration = time.monotonic() - started
         if pending.reply is None:
             with anyio.move_on_after(EXIT_REPORT_WAIT_S):
-                await runner.exited.wait()
+                await runner.exited.wait()  # the runtime's own view, then the parent's account
+                await runner.exit_reported.wait()
             error_type, text = self._describe_death(runner, rolled_back=commit)
             return CellResult("", f"{error_type}: {text}", error_type, None, duration, killed=True)
         if commit and pending.replied_by is runner:
             handle._proc = runner
             with contextlib.suppress(ReplProcessDied):
-                await holder.send({"op": "exit"})
+                await holder.send({"op": frames.EXIT})
         return cell_result(pending.reply, duration)
 
     def _describe_death(self, proc: Proc, *, rolled_back: bool) -> tuple[str, str]:
@@ -532,14 +564,16 @@ class Repl:
         return error_type, text
 
     async def _ensure_main(self) -> None:
-        """Restart the namespace if its process died; leave a notice for the next cell."""
+        """Restart the namespace if its process died; leave a notice for the next cell.
+
+        The whole jail starts afresh (every worker process, forks included, is stopped): what
+        killed the namespace, e.g. a process a breached cell left behind, goes with it."""
         main = self._main
         if main is not None and main.alive:
             return
         cause = death_cause(main._proc) if main is not None else "not started"
-        if self._table.root is None or not self._table.root.alive:
-            await self._stop_processes()
-            await self._start_root()
+        await self._stop_processes()
+        await self._start_root()
         self._main = ReplSession(self, await self._spawn_holder())
         for method, path in self._setup_steps:
             await getattr(self._main, method)(path)
@@ -572,7 +606,7 @@ class Repl:
                     await proc.dead.wait()
         if root is not None and root.alive:
             with contextlib.suppress(ReplProcessDied):
-                await root.send({"op": "exit"})
+                await root.send({"op": frames.EXIT})
         if process is not None:
             with anyio.move_on_after(3):
                 await process.wait()

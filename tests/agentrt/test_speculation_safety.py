@@ -13,6 +13,7 @@ import anyio
 import pytest
 
 from agentrt import Agent, ReplayEngine, tool
+from agentrt.interpreter.frames import RefusedCall
 
 
 class Bank:
@@ -312,7 +313,7 @@ def test_repl_refuses_tool_calls_from_a_shadow_fork():
     assert result.error_type == "PermissionError" and "shadow" in result.error
     assert ok.error is None
     assert calls == ["act"]  # only the ordinary fork's call ran
-    assert count == 1 and refused == {"op": "refused_call", "name": "act"}
+    assert count == 1 and refused == RefusedCall("act")
 
 
 # -- argument limits, directly ---------------------------------------------------------------

@@ -45,6 +45,24 @@ FORMAT_VIA_SUPER_CHAIN = (
     "Shout('{0.render.__globals__[__builtins__][getattr].__globals__[sys].modules[os]"
     ".environ}').render()\n")
 
+# typing's introspection handed out the real ``type``; with it, a dict subclass that hides
+# crafted annotation names from the dataclass check fed dataclasses' code generation.
+REAL_TYPE = "import typing\nT = typing.get_origin(typing.Type[int])\n"
+REAL_TYPE_DATACLASS_CHAIN = PAYLOAD + REAL_TYPE + (
+    "import dataclasses\n"
+    "Hiding = T('Hiding', (dict,), {'__iter__': lambda self: iter(['a'])})\n"
+    "Target = T('Target', (), {'__annotations__': Hiding({payload: int})})\n"
+) + RUN_DATACLASS_CODEGEN
+HOOK_CLASSES = {
+    "init-subclass-hook": "Hooked = T('Hooked', (), {'__init_subclass__': "
+                          "classmethod(lambda cls: print('hook ran'))})\nclass Sub(Hooked):\n"
+                          "    pass\n",
+    "class-getitem-hook": "Hooked = T('Hooked', (), {'__class_getitem__': "
+                          "classmethod(lambda cls, item: print('hook ran'))})\nHooked[1]\n",
+    "descriptor-hook": "Getter = T('Getter', (), {'__get__': lambda *args: 'hook ran'})\n"
+                       "Holder = T('Holder', (), {'value': Getter()})\nHolder().value\n",
+}
+
 GEN = "def gen():\n    yield 1\nit = gen()\nnext(it)\n"
 CAUGHT = "try:\n    1 / 0\nexcept Exception as caught:\n    err = caught\n"
 
@@ -166,6 +184,23 @@ HOSTILE_CELLS = [
     pytest.param("import typing, json\ntyping.final(json.dumps)", "TypeError",
                  id="typing-final-stdlib-function"),
     pytest.param("import abc", "ImportError", id="import-abc"),
+    # real objects out of typing's introspection helpers, and what they opened
+    pytest.param(REAL_TYPE + "T('X', (), {'__eq__': lambda a, b: True})", "TypeError",
+                 id="real-type-from-get-origin"),
+    pytest.param("import typing\ntyping.get_args(typing.List['X'])", "TypeError",
+                 id="forward-ref-from-get-args"),
+    pytest.param(REAL_TYPE_DATACLASS_CHAIN, "TypeError", id="real-type-dataclass-chain"),
+    *[pytest.param(REAL_TYPE + code, "TypeError", id=name) for name, code in HOOK_CLASSES.items()],
+    pytest.param("import typing\nsuper(type(typing.List), typing.List).__init__(int, name='X')",
+                 "AttributeError", id="super-init-stdlib-singleton"),
+    pytest.param("import decimal\nc = decimal.getcontext()\nsuper(type(c), c).__init__(prec=3)",
+                 "AttributeError", id="super-init-stdlib-object"),
+    pytest.param("import collections.abc\ncollections.abc.Mapping.register(int)",
+                 "AttributeError", id="abc-register"),
+    pytest.param("import collections.abc\nclass M(collections.abc.Mapping):\n    pass\n"
+                 "M.register(int)", "AttributeError", id="abc-register-via-subclass"),
+    pytest.param("import numbers, functools\nfunctools.partial(getattr, numbers.Number, "
+                 "'register')()(str)", "AttributeError", id="abc-register-via-getattr"),
     pytest.param("class A(metaclass=type):\n    pass", "SyntaxError", id="metaclass-keyword"),
     pytest.param("async def f():\n    pass", "SyntaxError", id="async-def"),
     # resource exhaustion
@@ -330,3 +365,66 @@ async def test_wrapped_modules_still_serve_ordinary_code():
             "Runtime type is 'Color'\n"
             "GREEN 2 6 True Point3(x=1, y=2, z=3) 5 [1, [2]] True "
             "Pair(left=1, right=0) {'x': 5, 'y': 6}\n")
+
+
+async def test_stdlib_state_is_unchanged_after_the_attempts():
+    """The attempts above that would have changed global state in the worker did not."""
+    async with Repl(echo_tool, ["echo"], LIMITS) as repl:
+        for code in ("import typing\nsuper(type(typing.List), typing.List).__init__(int, "
+                     "name='Hacked')",
+                     "import collections.abc\ncollections.abc.Mapping.register(int)"):
+            assert not (await repl.execute(code)).ok
+        result = await repl.execute("import typing, collections.abc\n"
+                                    "print(typing.List, isinstance(1, collections.abc.Mapping))")
+        assert result.stdout == "typing.List False\n", result.error
+
+
+class _Singleton:
+    """Stands for a stdlib object the sandbox did not make (a module-level singleton)."""
+
+
+SINGLETON = _Singleton()
+
+
+class _WritesIntoASingleton:
+    """A reduction a bypass could control: it "rebuilds" an existing object and sets state."""
+
+    def __reduce_ex__(self, protocol):
+        return (lambda: SINGLETON, (), (None, {"_private": "written"}))
+
+
+def test_copy_never_writes_into_an_object_the_sandbox_did_not_make():
+    from agentrt.interpreter.sandbox import module_facade
+
+    copy = module_facade("copy")
+    for function in (copy.copy, copy.deepcopy):
+        with pytest.raises(TypeError, match="did not make"):
+            function(_WritesIntoASingleton())
+    assert not hasattr(SINGLETON, "_private")
+    import random
+
+    twin = copy.copy(random.Random(5))  # a stdlib object's own reduction still copies it
+    assert twin.random() == random.Random(5).random()
+
+
+def test_dataclass_checks_inherited_fields_and_refuses_foreign_bases():
+    """Field names from a base reach dataclasses' generated source too."""
+    import dataclasses
+
+    from agentrt.interpreter.sandbox import SANDBOX_MODULE_NAME, module_facade
+
+    crafted = dataclasses.field()
+    crafted.name = "a,dict()['escaped:crafted']"
+    crafted._field_type = dataclasses._FIELD
+    base = type("Base", (), {"__module__": SANDBOX_MODULE_NAME,
+                             "__dataclass_fields__": {crafted.name: crafted}})
+    target = type("Target", (base,), {"__module__": SANDBOX_MODULE_NAME})
+    dataclass = module_facade("dataclasses").dataclass
+    with pytest.raises(TypeError, match="was not defined in the sandbox"):
+        dataclass(init=False)(target)
+    from agentrt.interpreter import sandbox
+
+    for cls in (base, target):  # as if the sandbox had made them: the field itself is refused
+        sandbox._made_class(cls)
+    with pytest.raises(TypeError, match="not allowed in the sandbox"):
+        dataclass(init=False)(target)

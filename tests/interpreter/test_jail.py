@@ -270,49 +270,61 @@ async def test_opt_out_by_environment_variable(tmp_path, monkeypatch):
     assert outcome == "ok: True"  # the unjailed worker's environment has PATH
 
 
-def test_missing_bubblewrap_warns_once_or_fails_when_required(monkeypatch, tmp_path, caplog):
+FAKE_BWRAP = """#!/bin/sh
+echo "bwrap: No permissions to create a new namespace, likely because the kernel does not allow non-privileged user namespaces." >&2
+exit 1
+"""
+
+
+@pytest.mark.parametrize("machine", ["no-bwrap", "no-namespaces"])
+@pytest.mark.parametrize("jail_setting", [None, True])
+async def test_without_a_jail_the_repl_refuses_to_start(tmp_path, monkeypatch, machine,
+                                                        jail_setting):
+    """Fail closed: no jail, no sandbox, unless the user opts out explicitly."""
+    from agentrt.interpreter import ReplError, jail
+
+    if machine == "no-namespaces":  # bwrap is there but cannot create namespaces
+        fake = tmp_path / "bwrap"
+        fake.write_text(FAKE_BWRAP)
+        fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("AGENTRT_JAIL", raising=False)
+    jail._best_plan.cache_clear()
+    try:
+        repl = Repl(echo_tool, ["echo"], ReplLimits(cpu_s=5, wall_s=30, jail=jail_setting))
+        with pytest.raises(ReplError) as refused:
+            await repl.start()
+    finally:
+        jail._best_plan.cache_clear()
+    message = str(refused.value)
+    cause = ("bubblewrap (bwrap) is not installed" if machine == "no-bwrap"
+             else "bwrap cannot create namespaces here")
+    assert cause in message, message
+    for remedy in ("apt-get install bubblewrap", "unprivileged user namespaces",
+                   "ReplLimits(jail=False)", "AGENTRT_JAIL=0", "UNSAFE for untrusted code"):
+        assert remedy in message, (remedy, message)
+
+
+async def test_opting_out_explicitly_runs_without_the_jail(tmp_path, monkeypatch, caplog):
     from agentrt.interpreter import jail
 
     monkeypatch.setenv("PATH", str(tmp_path))  # no bwrap to be found
-    monkeypatch.setattr(jail, "_warned", False)
+    monkeypatch.setattr(jail, "_warned_off", False)
     jail._best_plan.cache_clear()
     try:
-        with pytest.raises(jail.JailUnavailable, match="bubblewrap"):
-            jail.plan_jail(True)
         with caplog.at_level("WARNING"):
-            plan = jail.plan_jail(None)
-            jail.plan_jail(None)
-        assert not plan.namespaces and plan.seccomp is not None  # the filter still applies
-        warnings = [r.getMessage() for r in caplog.records if "OS isolation" in r.getMessage()]
-        assert len(warnings) == 1 and "bubblewrap (bwrap) is not installed" in warnings[0]
-        assert jail.plan_jail(False) == jail.OFF
+            # jail off: this test runs unconfined on purpose (the opt-out is what it checks)
+            async with Repl(echo_tool, ["echo"], ReplLimits(cpu_s=5, wall_s=30,
+                                                            jail=False)) as repl:
+                assert (await repl.execute("print(1 + 1)")).stdout == "2\n"
     finally:
         jail._best_plan.cache_clear()
-
-
-async def test_without_bubblewrap_the_filter_still_refuses_programs(tmp_path, monkeypatch):
-    from agentrt.interpreter import jail
-
-    hooks = tmp_path / "hooks"
-    hooks.mkdir()
-    (hooks / "breach_hook.py").write_text(BREACH_MODULE)
-    monkeypatch.setenv("PYTHONPATH", str(hooks))
-    monkeypatch.setenv("PATH", str(tmp_path))  # no bwrap to be found
-    monkeypatch.setattr(jail, "_warned", True)
-    jail._best_plan.cache_clear()
-    try:
-        async with Repl(echo_tool, ["echo"], ReplLimits(cpu_s=5, wall_s=30)) as repl:
-            await repl.extend("breach_hook:install")
-            outcome = await breach(repl, attempt(
-                "import subprocess\nvalue = subprocess.run(['/bin/true'])"))
-    finally:
-        jail._best_plan.cache_clear()
-    assert outcome.startswith("PermissionError"), outcome
+    assert any("unsafe for untrusted code" in r.getMessage() for r in caplog.records)
 
 
 async def test_runtime_finds_jailed_processes_by_their_own_pids():
     """Workers know themselves by PID-namespace numbers; the runtime signals host pids."""
-    from agentrt.interpreter.jail import host_pid
+    from agentrt.interpreter.repl.process_tree import host_pid
 
     async with Repl(echo_tool, ["echo"], LIMITS) as repl:
         fork = await repl.fork()
@@ -323,3 +335,45 @@ async def test_runtime_finds_jailed_processes_by_their_own_pids():
         await fork.kill()
         assert not fork.alive
         assert (await repl.execute("print('main goes on')")).stdout == "main goes on\n"
+
+
+async def test_memory_held_by_a_file_descriptor_is_refused(breached):
+    """memfd memory is outside RLIMIT_AS (it held 360 MB under a 256 MB limit)."""
+    outcome = await breach(breached, attempt("import os\nvalue = os.memfd_create('held')"))
+    assert outcome.startswith("PermissionError"), outcome
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="raw clone syscall number for x86_64")
+async def test_a_child_cannot_be_made_someone_elses(breached):
+    """clone(CLONE_PARENT) would make a process the runtime cannot trace back to its cell."""
+    outcome = await breach(breached, attempt("""
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+pid = libc.syscall(56, 0x00008000 | 17, 0, 0, 0, 0)   # clone(CLONE_PARENT | SIGCHLD)
+if pid == 0:
+    os._exit(0)
+value = [pid, ctypes.get_errno()]
+"""))
+    assert outcome == "ok: [-1, 1]", outcome  # EPERM
+
+
+async def test_the_jail_has_one_memory_bound_where_the_machine_allows_it(tmp_path, monkeypatch):
+    """With a cgroup, four forks cannot each fill their own RLIMIT_AS (they held 3.7 GB
+    under memory_mb=1024); without one (a note in the log says so), per-process limits stay."""
+    from agentrt.interpreter import cgroup
+
+    parent, problem = cgroup.find_parent()
+    if parent is None:
+        pytest.skip(f"no cgroup v2 with memory and pids here: {problem}")
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "breach_hook.py").write_text(BREACH_MODULE)
+    monkeypatch.setenv("PYTHONPATH", str(hooks))
+    limits = ReplLimits(cpu_s=20, wall_s=60, memory_mb=256, disk_mb=16)  # memory.max 528 MB
+    async with Repl(echo_tool, ["echo"], limits) as repl:
+        await repl.extend("breach_hook:install")
+        forks = [await repl.fork() for _ in range(4)]
+        fill = "x = bytearray(200 * 2**20)\nx[::4096] = b'x' * len(x[::4096])\nresult = x"
+        held = [await fork.execute(f"kept = unrestricted({fill!r})") for fork in forks]
+        assert not all(result.ok for result in held)  # 800 MB did not fit
+        assert (await repl.execute("print(1)")).stdout == "1\n"

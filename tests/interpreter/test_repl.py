@@ -489,7 +489,7 @@ async def test_a_tool_call_waits_until_earlier_messages_are_received():
             await anyio.sleep(0.5)
             token, message = await messages.receive()
             assert token == shadow.token
-            events.append(f"received {message['op']}")
+            events.append(f"received {message.op}")
 
         async with anyio.create_task_group() as group:
             group.start_soon(receive_late)
