@@ -12,7 +12,7 @@ from pathlib import Path
 from agentrt.tools.errors import ToolError
 
 from . import __version__
-from .engines import ENGINE_KINDS, EngineOptions, make_engine, parse_spec_config
+from .engine_options import ENGINE_KINDS, EngineOptions, make_engine, parse_spec_config
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:

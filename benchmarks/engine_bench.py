@@ -424,7 +424,7 @@ def server_root(base_url: str) -> str:
 
 def make_plan(args, parser: argparse.ArgumentParser) -> Plan:
     """Check the options against each other; usage errors exit through ``parser.error``."""
-    from agentrt.engines import parse_spec_config
+    from agentrt.engine_options import parse_spec_config
 
     systems = [s for s in (args.systems or ",".join(DEFAULT_SYSTEMS[args.engine])).split(",") if s]
     unknown = [s for s in systems if s not in ALL_SYSTEMS]

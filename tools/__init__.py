@@ -6,18 +6,17 @@ the sandbox's worker processes raise too) loads without pydantic and the rest of
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
 
-_EXPORTS = {
-    "tool": "definition", "Tool": "definition", "ToolRegistry": "registry",
-    "ToolError": "errors", "ToolArgumentError": "errors", "ToolTimeoutError": "errors",
-    "UnknownToolError": "errors", "ToolDefinitionError": "errors",
-    "UnkeyableArgumentsError": "errors", "ToolCancelledError": "errors",
-    "DEFAULT_TOOL_TIMEOUT_S": "definition",
-}
+from agentrt.lazy_exports import lazy_exports
 
-__all__ = list(_EXPORTS)
+__all__, __getattr__, __dir__ = lazy_exports(__name__, {
+    "tool": ".definition", "Tool": ".definition", "ToolRegistry": ".registry",
+    "ToolError": ".errors", "ToolArgumentError": ".errors", "ToolTimeoutError": ".errors",
+    "UnknownToolError": ".errors", "ToolDefinitionError": ".errors",
+    "UnkeyableArgumentsError": ".errors", "ToolCancelledError": ".errors",
+    "DEFAULT_TOOL_TIMEOUT_S": ".definition",
+})
 
 if TYPE_CHECKING:  # pragma: no cover
     from .definition import DEFAULT_TOOL_TIMEOUT_S
@@ -33,8 +32,3 @@ if TYPE_CHECKING:  # pragma: no cover
     from .registry import ToolRegistry
     from .definition import Tool, tool
 
-
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

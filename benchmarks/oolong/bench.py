@@ -186,7 +186,7 @@ class SimulatedProcess:
 
 def build_root(args, tasks: list[Task], styles: dict[str, str]) -> Root:
     """The root engines (and few-shot turns) for ``args.engine``."""
-    from agentrt.engines import parse_spec_config
+    from agentrt.engine_options import parse_spec_config
 
     spec = dict(parse_spec_config(args.spec_config) or {})
     kind = args.engine
@@ -386,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     try:
         latency_from_args(args)
-        from agentrt.engines import parse_spec_config
+        from agentrt.engine_options import parse_spec_config
 
         parse_spec_config(args.spec_config)
         settings, tasks, styles, modes = _plan(args)

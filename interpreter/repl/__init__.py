@@ -19,12 +19,12 @@ Example::
 """
 
 from .limits import ReplLimits
-from .messages import Message, ReplMessages
+from .messages import ReplMessages, SessionMessage
 from .results import CellResult, FinalAnswer, ReplError, ReplProcessDied, VariableSummary
 from .service import ToolHandler
 from .session import Repl, ReplSession
 
 __all__ = [
-    "CellResult", "FinalAnswer", "Message", "Repl", "ReplError", "ReplLimits", "ReplMessages",
-    "ReplProcessDied", "ReplSession", "ToolHandler", "VariableSummary",
+    "CellResult", "FinalAnswer", "Repl", "ReplError", "ReplLimits", "ReplMessages",
+    "ReplProcessDied", "ReplSession", "SessionMessage", "ToolHandler", "VariableSummary",
 ]

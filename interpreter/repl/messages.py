@@ -17,20 +17,20 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from ..frames import ShadowMessage
 
-Message = tuple[str, ShadowMessage]
+SessionMessage = tuple[str, ShadowMessage]
 """``(session token, message)``: the token is that of the `ReplSession` that sent it."""
 
 MAX_QUEUED = 1024
 
 
-class ReplMessages(anyio.abc.ObjectReceiveStream[Message]):
+class ReplMessages(anyio.abc.ObjectReceiveStream[SessionMessage]):
     """The receiving end of the stream (an anyio object receive stream; iterate or
     ``receive()``). Closing it stops the stream: later messages are dropped."""
 
     def __init__(self) -> None:
-        send, receive = anyio.create_memory_object_stream[Message](MAX_QUEUED)
-        self._send: MemoryObjectSendStream[Message] = send
-        self._receive: MemoryObjectReceiveStream[Message] = receive
+        send, receive = anyio.create_memory_object_stream[SessionMessage](MAX_QUEUED)
+        self._send: MemoryObjectSendStream[SessionMessage] = send
+        self._receive: MemoryObjectReceiveStream[SessionMessage] = receive
         self._posted = 0
         self._taken = 0
         self._progress = anyio.Event()
@@ -60,12 +60,12 @@ class ReplMessages(anyio.abc.ObjectReceiveStream[Message]):
         while self._taken < mark and not self.closed:
             await self._progress.wait()
 
-    async def receive(self) -> Message:
+    async def receive(self) -> SessionMessage:
         item = await self._receive.receive()
         self._received()
         return item
 
-    def receive_nowait(self) -> Message:
+    def receive_nowait(self) -> SessionMessage:
         """The next message if one is waiting; raises ``anyio.WouldBlock`` otherwise."""
         item = self._receive.receive_nowait()
         self._received()
