@@ -282,13 +282,27 @@ class _Run:
         self._repl_ready = anyio.Event()
         self._repl_error: BaseException | None = None
 
-    async def _start_repl(self, repl: Repl, context: Any) -> None:
-        """Start the sandbox and bind ``context``; a failure is raised by the first block."""
+    @contextlib.asynccontextmanager
+    async def _speculation(self, repl: Repl) -> AsyncIterator[None]:
+        if not self.agent.speculation:
+            yield
+            return
+        async with Speculator(repl, self.agent.registry, self.agent.budget, self.trace,
+                              self.stats, ready=self._repl_ready) as speculator:
+            self.spec = speculator
+            yield
+
+    async def _hold_repl(self, repl: Repl, context: Any, release: anyio.Event) -> None:
+        """Start the sandbox and bind ``context``, then keep it open until ``release`` (or this
+        task is cancelled); a start failure is raised by the first block."""
         try:
-            await repl.start()
-            await repl.set_variable("context", context)
+            async with repl:
+                await repl.set_variable("context", context)
+                self._repl_ready.set()
+                await release.wait()
         except Exception as exc:
-            self._repl_error = _Failure("starting the sandbox", exc, self.trace.now())
+            if not self._repl_ready.is_set():
+                self._repl_error = _Failure("starting the sandbox", exc, self.trace.now())
         finally:
             self._repl_ready.set()
 
@@ -348,26 +362,23 @@ class _Run:
         namespace: dict[str, str] | None = None
         try:
             signatures = {t.name: t.signature_line() for t in agent.registry}
-            async with contextlib.AsyncExitStack() as stack:
-                repl = Repl(self.call_tool, signatures, limits=agent.repl_limits)
-                stack.push_async_callback(repl.aclose)
-                self.repl = repl
-                if agent.speculation:
-                    self.spec = await stack.enter_async_context(
-                        Speculator(repl, agent.registry, agent.budget, self.trace, self.stats,
-                                   ready=self._repl_ready)
-                    )
-                # The sandbox starts while the model streams its first tokens; the first block
-                # (and the first shadow) wait for it.
-                stopped: Exception | None = None
-                async with anyio.create_task_group() as starter:
-                    starter.start_soon(self._start_repl, repl, context)
-                    try:
+            repl = Repl(self.call_tool, signatures, limits=agent.repl_limits)
+            self.repl = repl
+            # The sandbox starts while the model streams its first tokens, in a task that holds
+            # it open for the run; the first block (and the first shadow) wait for it.
+            release = anyio.Event()
+            stopped: Exception | None = None
+            async with anyio.create_task_group() as holder:
+                holder.start_soon(self._hold_repl, repl, context, release)
+                try:
+                    async with self._speculation(repl):
                         status, end, namespace = await self._converse()
-                    except Exception as exc:  # raised below, outside the task group
-                        stopped = exc
-                if stopped is not None:
-                    raise stopped
+                except Exception as exc:  # raised below, outside the task group
+                    stopped = exc
+                finally:
+                    release.set()
+            if stopped is not None:
+                raise stopped
         except Exception as exc:
             if _cancel_requested():  # the caller cancelled the run while it was failing
                 self._emit_stopped()

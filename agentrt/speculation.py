@@ -55,8 +55,17 @@ from typing import Any
 
 import anyio
 
-from agentrt.interpreter import frames
-from agentrt.interpreter.frames import Launch, RefusedCall, ShadowDone, ShadowMessage
+from agentrt.interpreter.frames import (
+    EarlyFailed,
+    EarlyPoisoned,
+    EarlyResult,
+    HostFrame,
+    Launch,
+    RefusedCall,
+    Shadow,
+    ShadowDone,
+    ShadowMessage,
+)
 from agentrt.interpreter.repl import Repl, ReplError, ReplMessages, ReplSession
 from agentrt.interpreter.repair import repair_tail
 from agentrt.tools import ToolRegistry
@@ -377,7 +386,7 @@ class Speculator:
                             layout: list[tuple[int, int]], tail_line: int | None,
                             epoch: int) -> None:
         executed_before = self._executed
-        handle = await self.repl.fork_holder(shadow=True)
+        handle = await self.repl.fork_shadow()
         if self._executed != executed_before or self._effects != epoch:
             await handle.kill(wait=False)  # a block committed or an effect ran while we forked
             self._shadowed_code = ""
@@ -387,9 +396,8 @@ class Speculator:
         self._shadow = shadow
         lines = sum(source.count("\n") for _, _, source in statements)
         self.trace.emit("spec_peek", turn=self._turn, lines=lines)
-        await handle.post({"op": frames.SHADOW, "statements": [list(s) for s in statements],
-                           "speculatable": sorted(self.speculatable),
-                           "cpu_s": SHADOW_CPU_S, "force_timeout": None})
+        await handle.post(Shadow(tuple(statements), tuple(sorted(self.speculatable)),
+                                 SHADOW_CPU_S))
 
     async def _kill_shadow(self) -> None:
         shadow, self._shadow = self._shadow, None
@@ -435,8 +443,7 @@ class Speculator:
         call = self._early_call(shadow, launch.name, launch.args, dict(launch.kwargs),
                                 launch.lineno, deps)
         if call is None:
-            self._post(shadow, {"op": frames.EARLY_POISON, "call": local_id,
-                                "message": "not launched"})
+            self._post(shadow, EarlyPoisoned(local_id, "not launched"))
             return
         shadow.local[local_id] = call
         assert self._tg is not None
@@ -494,22 +501,23 @@ class Speculator:
 
     async def _deliver(self, shadow: _Shadow, local_id: Any, call: EarlyCall) -> None:
         await call.done.wait()
+        frame: HostFrame
         if call.state == "cancelled":
-            message = {"op": frames.EARLY_POISON, "call": local_id, "message": "cancelled"}
+            frame = EarlyPoisoned(local_id, "cancelled")
         elif call.error is not None:
-            message = {"op": frames.EARLY_FAIL, "call": local_id, "message": str(call.error)}
+            frame = EarlyFailed(local_id, str(call.error))
         else:
-            message = {"op": frames.EARLY_RESULT, "call": local_id, "value": call.result}
-        await self._post_async(shadow, message)
+            frame = EarlyResult(local_id, call.result)
+        await self._post_async(shadow, frame)
 
-    def _post(self, shadow: _Shadow, message: dict[str, Any]) -> None:
+    def _post(self, shadow: _Shadow, frame: HostFrame) -> None:
         assert self._tg is not None
-        self._tg.start_soon(self._post_async, shadow, message)
+        self._tg.start_soon(self._post_async, shadow, frame)
 
-    async def _post_async(self, shadow: _Shadow, message: dict[str, Any]) -> None:
+    async def _post_async(self, shadow: _Shadow, frame: HostFrame) -> None:
         if shadow is self._shadow:
             with contextlib.suppress(Exception):
-                await shadow.handle.post(message)
+                await shadow.handle.post(frame)
 
     def _retract_unadopted(self, shadow: _Shadow) -> None:
         """The shadow ran all its code: calls of its blocks it did not adopt are cancelled now

@@ -1,50 +1,22 @@
-"""The messages between the runtime (the host) and its sandbox worker processes.
+"""Every message between the runtime (the host) and its sandbox worker processes, typed.
 
-This module owns every op name of the protocol: both sides use these constants, never string
-literals. Each message a worker may send is a frozen dataclass below; the worker builds one and
-sends :meth:`WorkerFrame.to_message`, and the host turns every decoded frame back into one with
-:func:`parse_worker_frame`, which checks each field's type before anything reads it. A frame that
-does not fit (unknown op, missing or extra field, wrong type) raises
-:class:`~.protocol.ProtocolError`: the host ends that worker's session, counts and logs it, and
-the run goes on. Framing (length prefix, pickle, plain data only) is :mod:`.protocol`'s job.
+This module owns every op name of the protocol and every frame: each is a frozen dataclass
+below with its ``op``, built by the side that sends it and sent as
+:meth:`Frame.to_message`; the receiving side turns each decoded frame back into its dataclass
+(:func:`parse_host_frame` in a worker, :func:`parse_worker_frame` in the host) before anything
+reads it, so both sides use the same classes and no op name is written anywhere else. The shadow
+interpreter's messages are frames like the others: the host asks a fork to become a shadow
+(:class:`Shadow`) and answers its launches (:class:`EarlyResult`, :class:`EarlyFailed`,
+:class:`EarlyPoisoned`); the shadow sends :class:`Launch` and :class:`ShadowDone`; the host adds
+:class:`RefusedCall` notices to the stream of shadow messages (repl/messages.py).
 
-Host -> worker frames come from trusted code; they are dicts with these ops (``id`` is a request
-id, answered by a ``reply`` with the same id):
-
-==================  ====================================================================
-``init``            ``limits`` (dict), ``tools`` (list of ``(name, signature)``), ``jail``
-                    (lock-down settings or None): once, to the root process after its hello.
-``spawn``           ``id``, ``token``: root only; fork a namespace holder with an empty
-                    namespace that connects with ``token``.
-``exec``            ``id``, ``code``, ``name``, ``fork`` (bool), ``token`` (when forking),
-                    ``cpu_s``: run a cell. With ``fork`` the holder forks a child that
-                    connects with ``token``, runs the cell, sends the ``reply`` and becomes
-                    the holder; without it the cell runs in place.
-``fork``            ``id``, ``token``: fork a copy of this namespace that connects with
-                    ``token``; the reply value is the child's pid.
-``set_var``         ``id``, ``name``, ``value``: bind a variable (plain data).
-``get_var``         ``id``, ``name``: reply with the variable's value as plain data.
-``summary``         ``id``: reply with ``{name: [type name, short repr]}``.
-``set_proxy``       ``id``, ``factory`` (``"package.module:function"``): rebuild the tool
-                    proxies with another proxy factory.
-``extend``          ``id``, ``hook`` (``"package.module:function"``): call
-                    ``hook(sandbox, channel)`` in the process.
-``exit``            no reply; the process exits at once.
-``tool_result``     ``call``, ``value``: the outcome of a tool call.
-``tool_error``      ``call``, ``type`` (a name from ``SAFE_EXCEPTION_NAMES`` or None),
-                    ``original_type``, ``message``: a tool call failed.
-``shadow``          ``statements`` (``[block, first line, source]`` each), ``speculatable``
-                    (tool names), ``cpu_s``, ``force_timeout``: become a shadow run
-                    (shadow_worker.py); no reply.
-``early_result``    ``call``, ``value``: the result of a call the shadow launched.
-``early_fail``      ``call``, ``message``: that call raised.
-``early_poison``    ``call``, ``message``: that call was not launched or was cancelled.
-==================  ====================================================================
-
-Worker -> host frames (untrusted) are the dataclasses :class:`Hello`, :class:`Forked`,
-:class:`Reply`, :class:`ToolCall`, :class:`ChildExit`, and, from shadow forks only,
-:class:`Launch` and :class:`ShadowDone`. The host adds :class:`RefusedCall` notices to the
-stream of shadow messages (repl/messages.py); no worker sends one.
+The table of all frames, with who sends them, is in :mod:`.protocol` (which owns the framing:
+length prefix, pickle, plain data only). Host -> worker frames come from trusted code: a worker
+that gets one it cannot parse answers the request with an error, or, for a frame that is no
+request, stops loudly (its log says why). Worker -> host frames are untrusted:
+:func:`parse_worker_frame` checks each field's type, and a frame that does not fit (unknown op,
+missing or extra field, wrong type) raises :class:`~.protocol.ProtocolError`; the host then ends
+that worker's session, counts and logs it, and the run goes on.
 """
 
 from __future__ import annotations
@@ -52,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
+from types import MappingProxyType
 from typing import Any, ClassVar, Union
 
 from .protocol import ProtocolError
@@ -64,7 +37,6 @@ FORK = "fork"
 SET_VAR = "set_var"
 GET_VAR = "get_var"
 SUMMARY = "summary"
-SET_PROXY = "set_proxy"
 EXTEND = "extend"
 EXIT = "exit"
 TOOL_RESULT = "tool_result"
@@ -86,12 +58,15 @@ SHADOW_DONE = "shadow_done"
 # -- made by the host for the shadow-message stream --------------------------------------------
 REFUSED_CALL = "refused_call"
 
+EXIT_PROTOCOL = 71
+"""Exit status of a worker process that got a frame from the runtime it could not handle."""
+
 ROLES = frozenset({"root", "holder", "cell", "fork"})
 """What a process says it is in its hello (the host checks it against what it started)."""
 
 
-class WorkerFrame:
-    """Base of the frames a worker sends (each subclass is a frozen dataclass with an ``op``)."""
+class Frame:
+    """Base of every frame (each subclass is a frozen dataclass with an ``op``)."""
 
     op: ClassVar[str]
 
@@ -102,6 +77,177 @@ class WorkerFrame:
             message[field.name] = getattr(self, field.name)
         return message
 
+
+class HostFrame(Frame):
+    """A frame the host sends to a worker (trusted)."""
+
+
+class Request(HostFrame):
+    """A host frame answered by a :class:`Reply` with the same ``id`` (the host numbers its
+    requests as it sends them: build one with ``id`` left at 0)."""
+
+    id: int
+
+
+class WorkerFrame(Frame):
+    """A frame a worker sends to the host (untrusted: parsed by :func:`parse_worker_frame`)."""
+
+
+# -- host -> worker ----------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Init(HostFrame):
+    """Once, to the root process after its hello: ``limits`` (``memory_mb``,
+    ``max_output_chars``, ``recursion_limit``), ``tools`` (``(name, signature)`` each) and the
+    ``jail`` lock-down settings (``seccomp``, ``disk_mb``, ``bound_pids``; None: no jail)."""
+
+    op: ClassVar[str] = INIT
+    limits: dict[str, int]
+    tools: tuple[tuple[str, str], ...]
+    jail: dict[str, Any] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Spawn(Request):
+    """Root only: fork a namespace holder with an empty namespace that connects with
+    ``token``; the reply value is its pid."""
+
+    op: ClassVar[str] = SPAWN
+    token: str
+    id: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Exec(Request):
+    """Run cell ``code`` (called ``name`` in tracebacks) with ``cpu_s`` seconds of CPU. With
+    ``fork`` the holder forks a child that connects with ``token``, runs the cell, sends the
+    reply and becomes the holder; without it the cell runs in place. The reply value is
+    ``{stdout, error, error_type, final}``."""
+
+    op: ClassVar[str] = EXEC
+    code: str
+    name: str
+    fork: bool
+    cpu_s: float
+    token: str | None = None
+    id: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Fork(Request):
+    """Fork a copy of this namespace that connects with ``token``; the reply value is the
+    child's pid."""
+
+    op: ClassVar[str] = FORK
+    token: str
+    id: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class SetVar(Request):
+    """Bind variable ``name`` to ``value`` (plain data)."""
+
+    op: ClassVar[str] = SET_VAR
+    name: str
+    value: Any
+    id: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class GetVar(Request):
+    """Reply with the value of variable ``name`` as plain data."""
+
+    op: ClassVar[str] = GET_VAR
+    name: str
+    id: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Summary(Request):
+    """Reply with ``{name: [type name, short repr]}`` for every variable."""
+
+    op: ClassVar[str] = SUMMARY
+    id: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Extend(Request):
+    """Call ``hook(sandbox, channel)`` in the process (``hook`` is
+    ``"package.module:function"``); later forks inherit what it did."""
+
+    op: ClassVar[str] = EXTEND
+    hook: str
+    id: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Exit(HostFrame):
+    """Exit at once (no reply)."""
+
+    op: ClassVar[str] = EXIT
+
+
+@dataclasses.dataclass(frozen=True)
+class ToolResult(HostFrame):
+    """The value tool call ``call`` returned."""
+
+    op: ClassVar[str] = TOOL_RESULT
+    call: int
+    value: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class ToolFailed(HostFrame):
+    """Tool call ``call`` raised: re-raised in the sandbox as the builtin exception ``type``
+    (a name from ``SAFE_EXCEPTION_NAMES``), else as ``ToolError("original_type: message")``."""
+
+    op: ClassVar[str] = TOOL_ERROR
+    call: int
+    type: str | None
+    original_type: str
+    message: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Shadow(HostFrame):
+    """Become a shadow run (shadow_worker.py) of ``statements`` (``(block, first line,
+    source)`` each, in order), launching only the ``speculatable`` tools, with ``cpu_s``
+    seconds of CPU; no reply."""
+
+    op: ClassVar[str] = SHADOW
+    statements: tuple[tuple[int, int, str], ...]
+    speculatable: tuple[str, ...]
+    cpu_s: float
+
+
+@dataclasses.dataclass(frozen=True)
+class EarlyResult(HostFrame):
+    """The result of the call the shadow launched as ``call``."""
+
+    op: ClassVar[str] = EARLY_RESULT
+    call: int
+    value: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class EarlyFailed(HostFrame):
+    """The call the shadow launched as ``call`` raised (``message`` says what)."""
+
+    op: ClassVar[str] = EARLY_FAIL
+    call: int
+    message: str
+
+
+@dataclasses.dataclass(frozen=True)
+class EarlyPoisoned(HostFrame):
+    """The call the shadow launched as ``call`` was not launched, or was cancelled."""
+
+    op: ClassVar[str] = EARLY_POISON
+    call: int
+    message: str
+
+
+# -- worker -> host ----------------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
 class Hello(WorkerFrame):
@@ -130,8 +276,7 @@ class Forked(WorkerFrame):
 
 @dataclasses.dataclass(frozen=True)
 class Reply(WorkerFrame):
-    """The answer to request ``id``: ``value`` when ``ok``, else ``error_type`` and ``message``.
-    A cell's reply value is ``{stdout, error, error_type, final}``."""
+    """The answer to request ``id``: ``value`` when ``ok``, else ``error_type`` and ``message``."""
 
     op: ClassVar[str] = REPLY
     id: int
@@ -191,9 +336,12 @@ class ShadowDone(WorkerFrame):
     stopped: str | None = None
 
 
+# -- made by the host ----------------------------------------------------------------------------
+
 @dataclasses.dataclass(frozen=True)
-class RefusedCall(WorkerFrame):
-    """Made by the host: a shadow fork tried a real tool call to ``name`` and was refused."""
+class RefusedCall(Frame):
+    """A shadow fork tried a real tool call to ``name`` and was refused (never on the wire:
+    the host puts it on the stream of shadow messages)."""
 
     op: ClassVar[str] = REFUSED_CALL
     name: str
@@ -202,19 +350,38 @@ class RefusedCall(WorkerFrame):
 ShadowMessage = Union[Launch, ShadowDone, RefusedCall]
 """What the REPL's message stream carries (with the sending session's token)."""
 
-_WORKER_FRAMES: dict[str, type[WorkerFrame]] = {
-    cls.op: cls for cls in (Hello, Forked, Reply, ToolCall, ChildExit, Launch, ShadowDone)}
-SHADOW_OPS = frozenset({LAUNCH, SHADOW_DONE})
-"""Ops only a shadow fork may send."""
+HOST_FRAMES: MappingProxyType[str, type[HostFrame]] = MappingProxyType({
+    cls.op: cls for cls in (Init, Spawn, Exec, Fork, SetVar, GetVar, Summary, Extend, Exit,
+                            ToolResult, ToolFailed, Shadow, EarlyResult, EarlyFailed,
+                            EarlyPoisoned)})
+"""Every host -> worker frame, by op."""
+WORKER_FRAMES: MappingProxyType[str, type[WorkerFrame]] = MappingProxyType({
+    cls.op: cls for cls in (Hello, Forked, Reply, ToolCall, ChildExit, Launch, ShadowDone)})
+"""Every worker -> host frame, by op."""
+SHADOW_FRAMES = (Launch, ShadowDone)
+"""Frames only a shadow fork may send."""
+
+
+def parse_host_frame(message: dict[str, Any]) -> HostFrame:
+    """The typed frame for a message from the host; ProtocolError if it is none (the host is
+    trusted, so its fields are not checked one by one)."""
+    op = message.get("op")
+    cls = HOST_FRAMES.get(op) if type(op) is str else None
+    if cls is None:
+        raise ProtocolError(f"unknown op {op!r} from the runtime")
+    try:
+        return cls(**{key: value for key, value in message.items() if key != "op"})
+    except TypeError as exc:
+        raise ProtocolError(f"{op}: {exc}") from None
 
 
 def parse_worker_frame(message: dict[str, Any]) -> WorkerFrame:
     """The typed frame for a decoded worker message; ProtocolError if it does not fit."""
     op = message.get("op")
-    cls = _WORKER_FRAMES.get(op) if type(op) is str else None
+    cls = WORKER_FRAMES.get(op) if type(op) is str else None
     if cls is None:
         raise ProtocolError(f"unknown op {op!r}")
-    hints = _hints(cls)
+    hints = _FIELD_TYPES[cls]
     values: dict[str, Any] = {}
     for field in dataclasses.fields(cls):
         if field.name in message:
@@ -235,13 +402,8 @@ def parse_worker_frame(message: dict[str, Any]) -> WorkerFrame:
         raise ProtocolError(f"{op}: {exc}") from None
 
 
-_HINTS: dict[type, dict[str, Any]] = {}
-
-
-def _hints(cls: type) -> dict[str, Any]:
-    if cls not in _HINTS:
-        _HINTS[cls] = typing.get_type_hints(cls)
-    return _HINTS[cls]
+_FIELD_TYPES: MappingProxyType[type, dict[str, Any]] = MappingProxyType(
+    {cls: typing.get_type_hints(cls) for cls in WORKER_FRAMES.values()})
 
 
 def _checked(value: Any, hint: Any, where: str) -> Any:
@@ -268,12 +430,3 @@ def _checked(value: Any, hint: Any, where: str) -> Any:
 
 def _name(hint: Any) -> str:
     return getattr(hint, "__name__", None) or str(hint)
-
-
-__all__ = [
-    "CALL", "CHILD_EXIT", "EARLY_FAIL", "EARLY_POISON", "EARLY_RESULT", "EXEC", "EXIT", "EXTEND",
-    "FORK", "FORKED", "GET_VAR", "HELLO", "INIT", "LAUNCH", "REFUSED_CALL", "REPLY", "ROLES",
-    "SET_PROXY", "SET_VAR", "SHADOW", "SHADOW_DONE", "SHADOW_OPS", "SPAWN", "SUMMARY",
-    "TOOL_ERROR", "TOOL_RESULT", "ChildExit", "Forked", "Hello", "Launch", "RefusedCall", "Reply",
-    "ShadowDone", "ShadowMessage", "ToolCall", "WorkerFrame", "parse_worker_frame",
-]

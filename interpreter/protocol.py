@@ -1,8 +1,42 @@
 """Framing of the protocol between the runtime and its sandbox worker processes.
 
 Every message is one *frame*: a 4-byte big-endian length followed by a pickled ``dict`` with a
-string ``"op"`` key (the messages themselves, and every op name, are in :mod:`.frames`). The two
-directions are trusted differently:
+string ``"op"`` key. Each frame is a frozen dataclass of :mod:`.frames`, which owns every op
+name; both sides build and read frames only through those classes. All of them:
+
+================  =================  ==============================================================
+op                frame              from, to: meaning
+================  =================  ==============================================================
+``init``          ``Init``           host, root: limits, tools and jail settings, once after hello
+``spawn``         ``Spawn``          host, root: fork an empty namespace holder (reply: its pid)
+``exec``          ``Exec``           host, holder or fork: run a cell, in place or fork-per-cell
+``fork``          ``Fork``           host, holder or fork: fork a copy of the namespace (reply: its
+                                     pid)
+``set_var``       ``SetVar``         host, holder or fork: bind a variable (plain data)
+``get_var``       ``GetVar``         host, holder or fork: reply with a variable's value
+``summary``       ``Summary``        host, holder or fork: reply with each variable's type and repr
+``extend``        ``Extend``         host, holder or fork: call ``hook(sandbox, channel)``
+``exit``          ``Exit``           host, any process: exit at once (no reply)
+``tool_result``   ``ToolResult``     host, caller: what a tool call returned
+``tool_error``    ``ToolFailed``     host, caller: what a tool call raised
+``shadow``        ``Shadow``         host, fork: become a shadow run of these statements (no reply)
+``early_result``  ``EarlyResult``    host, shadow: the result of a launched call
+``early_fail``    ``EarlyFailed``    host, shadow: a launched call raised
+``early_poison``  ``EarlyPoisoned``  host, shadow: a launch was refused, or its call cancelled
+``hello``         ``Hello``          any process, host: the first frame of every connection
+``forked``        ``Forked``         parent, host: it forked the child that will connect with a
+                                     token
+``reply``         ``Reply``          any process, host: the answer to a request, by id
+``call``          ``ToolCall``       cell or fork, host: call a tool (answered by ``tool_result``
+                                     or ``tool_error``)
+``child_exit``    ``ChildExit``      parent or root, host: it reaped a child (names the cause only)
+``launch``        ``Launch``         shadow, host: start a speculatable call early
+``shadow_done``   ``ShadowDone``     shadow, host: it ran all its statements
+``refused_call``  ``RefusedCall``    host, its own shadow-message stream (never on the wire): a
+                                     shadow's tool call was refused
+================  =================  ==============================================================
+
+The two directions are trusted differently:
 
 * runtime -> worker frames come from trusted code and are decoded with plain ``pickle``;
 * worker -> runtime frames are **untrusted** (the worker runs model-written code). Frames longer
@@ -16,7 +50,7 @@ directions are trusted differently:
   expands to before anything copies, hashes or prints it.
 
 Each worker process has its own connection; it opens it with ``hello`` and then serves the
-commands the runtime sends on that connection.
+frames the runtime sends on that connection.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The worker side of a shadow run: speculative execution in a forked copy of the namespace.
 
-The runtime forks the namespace holder and sends ``shadow`` with the code to speculate on (the
+The runtime forks the namespace holder and sends it a `Shadow` frame with the code to speculate on (the
 unexecuted blocks of the response so far, the open tail repaired). This process then:
 
 * turns the sandbox into shadow mode — code compiled with the lazy-deferring transform, RestrictedPython
@@ -9,31 +9,42 @@ unexecuted blocks of the response so far, the open tail repaired). This process 
   tool by: the installed tool names, and also the tool proxies the forked namespace still holds
   (aliases, default arguments, closures, containers, names rebound in earlier cells) — their
   tool channel is redirected here, so a shadow never sends a real tool call. The tool's own
-  policy decides: a speculatable call is sent as ``launch`` (at once, or as soon as its lazy
+  policy decides: a speculatable call is sent as a `Launch` (at once, or as soon as its lazy
   arguments resolve) and returns a `Lazy`; any other tool *stops* the shadow at that point
   (the effect barrier: nothing after an effect, in execution order, is launched early);
 * runs the code statement by statement: a statement that is abandoned (it needed a value that
   will not arrive) poisons the names it assigns and the run goes on with the next one; a
   statement that raises an ordinary exception ends its block, as it ends the cell in the real
   run; ``FINAL`` / ``FINAL_VAR`` end the run after the current block (later blocks never run);
-* reports ``shadow_done``, then stays alive so that pipelined launches still go out when their
+* reports `ShadowDone`, then stays alive so that pipelined launches still go out when their
   inputs arrive, until the runtime kills it.
 
-A reader thread receives ``early_result`` / ``early_fail`` / ``early_poison`` for the launched
-calls and settles them in the `LazyTable`.
+A reader thread receives `EarlyResult` / `EarlyFailed` / `EarlyPoisoned` for the launched calls
+and settles them in the `LazyTable`; any other frame stops the process (the runtime kills a
+shadow with ``Exit`` or a signal).
 """
 
 from __future__ import annotations
 
 import ast
+import os
 import sys
 import threading
 from typing import Any
 
-from . import frames
 from . import sandbox as sandbox_module
 from .arg_limits import check_arguments
-from .frames import Launch, ShadowDone, WorkerFrame
+from .frames import (
+    EXIT_PROTOCOL,
+    EarlyFailed,
+    EarlyPoisoned,
+    EarlyResult,
+    Exit,
+    Launch,
+    Shadow,
+    ShadowDone,
+    WorkerFrame,
+)
 from .lazy import Abandoned, LazyTable, PendingLaunches, lazy_aware_guards, shadow_helpers
 from .protocol import NotPlainDataError, to_plain
 from .shadow_transform import compile_shadow
@@ -83,11 +94,11 @@ def assigned_names(stmt: ast.stmt) -> set[str]:
 class ShadowRun:
     """One shadow run inside a forked worker process."""
 
-    def __init__(self, process: Any, message: dict[str, Any]) -> None:
+    def __init__(self, process: Any, frame: Shadow) -> None:
         self.process = process
         self.sandbox = process.sandbox
-        self.speculatable = set(message.get("speculatable", ()))
-        self.table = LazyTable(force_timeout=message.get("force_timeout"))
+        self.speculatable = frozenset(frame.speculatable)
+        self.table = LazyTable()
         self.launches = PendingLaunches(self.table, self._send_launch)
         self._send_lock = threading.Lock()
         self._launch_info: dict[Any, tuple[int | None, list[Any]]] = {}
@@ -112,19 +123,17 @@ class ShadowRun:
 
     def _receive_loop(self) -> None:
         while True:
-            message = self.process.receive()  # exits the process when the runtime is gone
-            op = message.get("op")
-            call = message.get("call")
-            if op == frames.EARLY_RESULT:
-                self.table.resolve(call, message.get("value"))
-            elif op == frames.EARLY_FAIL:
-                self.table.fail(call, str(message.get("message", "")))
-            elif op == frames.EARLY_POISON:
-                self.table.poison(call, str(message.get("message", "not launched")))
-            elif op == frames.EXIT:
-                import os
-
-                os._exit(0)
+            frame = self.process.receive()  # exits the process when the runtime is gone
+            if isinstance(frame, EarlyResult):
+                self.table.resolve(frame.call, frame.value)
+            elif isinstance(frame, EarlyFailed):
+                self.table.fail(frame.call, frame.message)
+            elif isinstance(frame, EarlyPoisoned):
+                self.table.poison(frame.call, frame.message)
+            else:
+                if not isinstance(frame, Exit):
+                    print(f"shadow: unexpected frame {frame.op!r}", file=sys.stderr, flush=True)
+                os._exit(0 if isinstance(frame, Exit) else EXIT_PROTOCOL)
 
     # -- proxies ---------------------------------------------------------------------------------
     def _new_id(self) -> int:
@@ -184,7 +193,8 @@ class ShadowRun:
         sandbox_module._active_sandbox = sandbox
 
     # -- running ---------------------------------------------------------------------------------
-    def _compile_blocks(self, statements: list[Any]) -> list[tuple[int, ast.Module, Any]]:
+    def _compile_blocks(self, statements: tuple[tuple[int, int, str], ...]
+                        ) -> list[tuple[int, ast.Module, Any]]:
         """(block, tree, code) of each statement; a block with a statement that does not
         compile is left out entirely (the real cell would not run any of it)."""
         compiled: list[tuple[int, ast.Module, Any]] = []
@@ -203,8 +213,8 @@ class ShadowRun:
             compiled.append((int(block), ast.parse(str(source)), result.code))
         return [item for item in compiled if item[0] not in broken]
 
-    def run(self, statements: list[Any]) -> None:
-        """Run the statements the runtime sent: ``[block, first line, source]`` each, in order."""
+    def run(self, statements: tuple[tuple[int, int, str], ...]) -> None:
+        """Run the statements the runtime sent: ``(block, first line, source)`` each, in order."""
         threading.Thread(target=self._receive_loop, daemon=True).start()
         self._enter_shadow_mode()
         executed = abandoned = 0
@@ -266,7 +276,6 @@ def _caller_line() -> int | None:
     return None
 
 
-def run_shadow(process: Any, message: dict[str, Any]) -> None:
-    """Entry point from the worker's ``shadow`` command; never returns."""
-    statements = message.get("statements")
-    ShadowRun(process, message).run(statements if isinstance(statements, list) else [])
+def run_shadow(process: Any, frame: Shadow) -> None:
+    """Entry point from the worker's `Shadow` frame; never returns."""
+    ShadowRun(process, frame).run(frame.statements)

@@ -13,12 +13,15 @@ with its own connection and introduces itself with ``hello`` (see protocol.py).
 * **fork** children (``fork`` command) are copy-on-write snapshots that serve the same
   commands; they may run cells in place (``exec`` without ``fork``).
 
-Tool calls: each tool is a proxy callable built by a *proxy factory*
-(``factory(name, signature, channel) -> callable``); the default one blocks on
-:meth:`ToolChannel.call`. ``set_proxy`` swaps the factory (e.g. for lazy proxies), and
-``extend`` runs a hook ``hook(sandbox, channel)`` in the process (to add builtins, adapt
-guards or replace ``sandbox.compiler``). Both are given as ``"package.module:function"``
-and are inherited by later forks. Processes must stay single-threaded: they fork.
+Tool calls: each tool is a proxy callable (:func:`blocking_proxy`) that blocks on
+:meth:`ToolChannel.call`. ``extend`` runs a hook ``hook(sandbox, channel)`` in the process (to
+add builtins, adapt guards or replace ``sandbox.compiler``), given as
+``"package.module:function"`` and inherited by later forks. Processes must stay
+single-threaded: they fork.
+
+Every frame is a dataclass of frames.py; a frame from the runtime that does not parse is
+answered with an error when it is a request, and otherwise stops the process loudly (its
+traceback goes to the worker log): both sides must agree on every op.
 """
 
 from __future__ import annotations
@@ -38,9 +41,31 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from . import frames
 from .arg_limits import check_arguments
-from .frames import ChildExit, Forked, Hello, Reply, ToolCall, WorkerFrame
+from .frames import (
+    EXIT_PROTOCOL,
+    ChildExit,
+    Exec,
+    Exit,
+    Extend,
+    Fork,
+    Forked,
+    GetVar,
+    Hello,
+    HostFrame,
+    Init,
+    Reply,
+    Request,
+    SetVar,
+    Shadow,
+    Spawn,
+    Summary,
+    ToolCall,
+    ToolFailed,
+    ToolResult,
+    WorkerFrame,
+    parse_host_frame,
+)
 from .protocol import (
     MAX_VALUE_BYTES,
     MAX_VALUE_DEPTH,
@@ -49,6 +74,7 @@ from .protocol import (
     FrameTooLargeError,
     NotPlainDataError,
     PlainDataTooLarge,
+    ProtocolError,
     plain_size,
     safe_exception_class,
     to_plain,
@@ -63,8 +89,6 @@ EXIT_REPORTS_PER_S = 64
 """The rate at which a process reports the exits it reaps (beyond it, causes go unnamed):
 processes a breached cell leaves behind cannot make the root flood the runtime."""
 
-
-
 @dataclass(frozen=True)
 class WorkerConfig:
     """Settings a worker receives in ``init`` and passes on to every process it forks."""
@@ -74,9 +98,6 @@ class WorkerConfig:
     max_output_chars: int
     recursion_limit: int
     tools: tuple[tuple[str, str], ...]
-
-
-ProxyFactory = Callable[[str, str, "ToolChannel"], Callable[..., Any]]
 
 
 class ToolChannel:
@@ -104,13 +125,12 @@ class ToolChannel:
     def wait(self, call_id: int) -> Any:
         """Block until call ``call_id`` finishes; return its value or raise its error."""
         outcome = self._process.wait_tool_outcome(call_id)
-        if outcome["op"] == frames.TOOL_RESULT:
-            return outcome.get("value")
-        message = str(outcome.get("message", ""))
-        exception_class = safe_exception_class(outcome.get("type"))
+        if isinstance(outcome, ToolResult):
+            return outcome.value
+        exception_class = safe_exception_class(outcome.type)
         if exception_class is not None:
-            raise exception_class(message)
-        raise ToolError(f"{outcome.get('original_type', 'Error')}: {message}")
+            raise exception_class(outcome.message)
+        raise ToolError(f"{outcome.original_type}: {outcome.message}")
 
     def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Run a tool call and wait for it."""
@@ -195,16 +215,16 @@ class _Process:
     def __init__(self, config: WorkerConfig, link: FramedSocket) -> None:
         self._config = config
         self._link = link
-        self._backlog: deque[dict[str, Any]] = deque()
-        self._tool_outcomes: dict[int, dict[str, Any]] = {}
+        self._backlog: deque[HostFrame] = deque()
+        self._tool_outcomes: dict[int, ToolResult | ToolFailed] = {}
         self._wakeup: tuple[int, int] | None = None
         self._handlers = self.handlers()
         self._report_budget = TokenBucket(EXIT_REPORTS_BURST, EXIT_REPORTS_PER_S)
         self._open_child_watch()
 
-    def handlers(self) -> dict[str, Callable[[dict[str, Any]], None]]:
-        """The commands this kind of process serves, by op (see frames.py)."""
-        return {frames.EXIT: self._on_exit}
+    def handlers(self) -> dict[type[HostFrame], Callable[[Any], None]]:
+        """The frames this kind of process serves, by class (see frames.py)."""
+        return {Exit: self._on_exit}
 
     # -- connection ------------------------------------------------------------
     def send(self, frame: WorkerFrame) -> None:
@@ -216,21 +236,34 @@ class _Process:
         except OSError:
             os._exit(0)
 
-    def receive(self) -> dict[str, Any]:
-        """The next frame from the runtime; exit quietly if the runtime has gone away."""
-        try:
-            return self._link.recv()
-        except (EOFError, OSError):
-            os._exit(0)
+    def receive(self) -> HostFrame:
+        """The next frame from the runtime; exit quietly if the runtime has gone away.
 
-    def wait_tool_outcome(self, call_id: int) -> dict[str, Any]:
+        A request that does not parse is answered with an error and skipped; any other frame
+        that does not parse stops the process (exit status :data:`EXIT_PROTOCOL`), saying why
+        in the worker log."""
+        while True:
+            try:
+                message = self._link.recv()
+            except (EOFError, OSError):
+                os._exit(0)
+            try:
+                return parse_host_frame(message)
+            except ProtocolError as exc:
+                request_id = message.get("id") if isinstance(message, dict) else None
+                if type(request_id) is not int:
+                    print(f"sandbox {self.role} process: {exc}", file=sys.stderr, flush=True)
+                    os._exit(EXIT_PROTOCOL)
+                self.reply_error(request_id, "ProtocolError", str(exc))
+
+    def wait_tool_outcome(self, call_id: int) -> ToolResult | ToolFailed:
         """Read frames until call ``call_id`` has an outcome; keep other frames for later."""
         while call_id not in self._tool_outcomes:
-            message = self.receive()
-            if message.get("op") in (frames.TOOL_RESULT, frames.TOOL_ERROR):
-                self._tool_outcomes[message.get("call")] = message
+            frame = self.receive()
+            if isinstance(frame, (ToolResult, ToolFailed)):
+                self._tool_outcomes[frame.call] = frame
             else:
-                self._backlog.append(message)
+                self._backlog.append(frame)
         return self._tool_outcomes.pop(call_id)
 
     def reply(self, request_id: Any, value: Any = None) -> None:
@@ -248,7 +281,16 @@ class _Process:
 
     # -- loop ----------------------------------------------------------------------
     def serve(self) -> NoReturn:
-        """Serve commands until told to exit or the runtime disconnects."""
+        """Serve commands until told to exit or the runtime disconnects. Nothing escapes: an
+        unexpected error stops the process (its traceback goes to the worker log)."""
+        try:
+            self._serve()
+        except BaseException:
+            traceback.print_exc()
+            sys.stderr.flush()
+        os._exit(EXIT_PROTOCOL)
+
+    def _serve(self) -> None:
         while True:
             if self._backlog:
                 self._dispatch(self._backlog.popleft())
@@ -260,21 +302,21 @@ class _Process:
             if self._link.fileno() in readable:
                 self._dispatch(self.receive())
 
-    def _dispatch(self, message: dict[str, Any]) -> None:
-        op = message.get("op")
-        handler = self._handlers.get(op) if isinstance(op, str) else None
-        request_id = message.get("id")
-        if handler is None:
+    def _dispatch(self, frame: HostFrame) -> None:
+        handler = self._handlers.get(type(frame))
+        request_id = frame.id if isinstance(frame, Request) else None
+        if handler is None:  # a frame meant for another kind of process (or a stale outcome)
             if request_id is not None:
-                self.reply_error(request_id, "ValueError", f"{self.role} cannot handle {op!r}")
+                self.reply_error(request_id, "ValueError",
+                                 f"{self.role} cannot handle {frame.op!r}")
             return
         try:
-            handler(message)
+            handler(frame)
         except Exception as exc:
             if request_id is not None:
                 self.reply_error(request_id, type(exc).__name__, str(exc))
 
-    def _on_exit(self, message: dict[str, Any]) -> None:
+    def _on_exit(self, frame: Exit) -> None:
         os._exit(0)
 
     # -- children --------------------------------------------------------------
@@ -345,15 +387,15 @@ class _Root(_Process):
 
     role = "root"
 
-    def handlers(self) -> dict[str, Callable[[dict[str, Any]], None]]:
-        return {**super().handlers(), frames.SPAWN: self._on_spawn}
+    def handlers(self) -> dict[type[HostFrame], Callable[[Any], None]]:
+        return {**super().handlers(), Spawn: self._on_spawn}
 
-    def _on_spawn(self, message: dict[str, Any]) -> None:
+    def _on_spawn(self, frame: Spawn) -> None:
         prepared: list[Sandbox] = []
-        pid = self._fork(message["token"], "holder",
+        pid = self._fork(frame.token, "holder",
                          lambda: prepared.append(_new_sandbox(self._config)))
         if pid is not None:
-            self.reply(message["id"], pid)
+            self.reply(frame.id, pid)
             return
         try:
             holder = _Holder(self._config, self._link, prepared[0])
@@ -362,7 +404,7 @@ class _Root(_Process):
             os._exit(EXIT_START_FAILED)
         holder.serve()
 
-    def _on_exit(self, message: dict[str, Any]) -> None:
+    def _on_exit(self, frame: Exit) -> None:
         """Reap whatever children are left (the runtime killed them), then exit."""
         deadline = time.monotonic() + 2.0
         confirmed_empty = False
@@ -390,13 +432,13 @@ class _Holder(_Process):
         super().__init__(config, link)
         self._sandbox = sandbox
         self._channel = ToolChannel(self)
-        self._install_tools(blocking_proxy)
+        for name, signature in config.tools:
+            sandbox.install_tool(name, signature, blocking_proxy(name, signature, self._channel))
 
-    def handlers(self) -> dict[str, Callable[[dict[str, Any]], None]]:
-        return {**super().handlers(), frames.EXEC: self._on_exec, frames.FORK: self._on_fork,
-                frames.SET_VAR: self._on_set_var, frames.GET_VAR: self._on_get_var,
-                frames.SUMMARY: self._on_summary, frames.SHADOW: self._on_shadow,
-                frames.SET_PROXY: self._on_set_proxy, frames.EXTEND: self._on_extend}
+    def handlers(self) -> dict[type[HostFrame], Callable[[Any], None]]:
+        return {**super().handlers(), Exec: self._on_exec, Fork: self._on_fork,
+                SetVar: self._on_set_var, GetVar: self._on_get_var, Summary: self._on_summary,
+                Shadow: self._on_shadow, Extend: self._on_extend}
 
     @property
     def sandbox(self) -> Sandbox:
@@ -408,65 +450,56 @@ class _Holder(_Process):
         """The tool channel this process's tool proxies call."""
         return self._channel
 
-    def _install_tools(self, factory: ProxyFactory) -> None:
-        for name, signature in self._config.tools:
-            self._sandbox.install_tool(name, signature, factory(name, signature, self._channel))
-
     # -- commands ----------------------------------------------------------------
-    def _on_exec(self, message: dict[str, Any]) -> None:
-        if message.get("fork"):
-            if self._fork(message["token"], "cell") is not None:
+    def _on_exec(self, frame: Exec) -> None:
+        if frame.fork:
+            if self._fork(str(frame.token), "cell") is not None:
                 return
             try:
-                self._run_cell(message)
+                self._run_cell(frame)
             finally:
                 self._open_child_watch()  # this process now holds the namespace
             return
-        self._run_cell(message)
+        self._run_cell(frame)
 
-    def _run_cell(self, message: dict[str, Any]) -> None:
-        code, name = message.get("code"), message.get("name", "cell")
-        if not isinstance(code, str) or not isinstance(name, str):
-            self.reply_error(message["id"], "TypeError", "exec needs str code and name")
+    def _run_cell(self, frame: Exec) -> None:
+        if not isinstance(frame.code, str) or not isinstance(frame.name, str):
+            self.reply_error(frame.id, "TypeError", "exec needs str code and name")
             return
-        _limit_cpu(message.get("cpu_s"))
+        _limit_cpu(frame.cpu_s)
         try:
-            outcome = self._sandbox.execute(code, name)
+            outcome = self._sandbox.execute(frame.code, frame.name)
         finally:
             _unlimit_cpu()
-        self.reply(message["id"], outcome.to_message())
+        self.reply(frame.id, outcome.to_message())
 
-    def _on_fork(self, message: dict[str, Any]) -> None:
-        pid = self._fork(message["token"], "fork")
+    def _on_fork(self, frame: Fork) -> None:
+        pid = self._fork(frame.token, "fork")
         if pid is not None:
-            self.reply(message["id"], pid)
+            self.reply(frame.id, pid)
             return
         self._open_child_watch()
 
-    def _on_set_var(self, message: dict[str, Any]) -> None:
-        self._sandbox.set_variable(message["name"], message["value"])
-        self.reply(message["id"])
+    def _on_set_var(self, frame: SetVar) -> None:
+        self._sandbox.set_variable(frame.name, frame.value)
+        self.reply(frame.id)
 
-    def _on_get_var(self, message: dict[str, Any]) -> None:
-        self.reply(message["id"], self._sandbox.get_variable(message["name"]))
+    def _on_get_var(self, frame: GetVar) -> None:
+        self.reply(frame.id, self._sandbox.get_variable(frame.name))
 
-    def _on_summary(self, message: dict[str, Any]) -> None:
-        self.reply(message["id"], self._sandbox.summary())
+    def _on_summary(self, frame: Summary) -> None:
+        self.reply(frame.id, self._sandbox.summary())
 
-    def _on_shadow(self, message: dict[str, Any]) -> None:
+    def _on_shadow(self, frame: Shadow) -> None:
         """Become a shadow run (see shadow_worker.py); never returns."""
         from .shadow_worker import run_shadow
 
-        _limit_cpu(message.get("cpu_s"))
-        run_shadow(self, message)
+        _limit_cpu(frame.cpu_s)
+        run_shadow(self, frame)
 
-    def _on_set_proxy(self, message: dict[str, Any]) -> None:
-        self._install_tools(load_callable(message["factory"]))
-        self.reply(message["id"])
-
-    def _on_extend(self, message: dict[str, Any]) -> None:
-        load_callable(message["hook"])(self._sandbox, self._channel)
-        self.reply(message["id"])
+    def _on_extend(self, frame: Extend) -> None:
+        load_callable(frame.hook)(self._sandbox, self._channel)
+        self.reply(frame.id)
 
 
 def _new_sandbox(config: WorkerConfig) -> Sandbox:
@@ -529,12 +562,12 @@ def main(argv: list[str] | None = None) -> None:
     _become_subreaper()
     link = FramedSocket.connect(argv[1])
     link.send(Hello(os.getpid(), "root", token).to_message())
-    init = link.recv()
-    if init.get("op") != frames.INIT:
-        sys.exit(f"expected init, got {init.get('op')!r}")
-    limits = init["limits"]
+    init = parse_host_frame(link.recv())
+    if not isinstance(init, Init):
+        sys.exit(f"expected init, got {init.op!r}")
+    limits = init.limits
     sys.stderr = CappedStream(sys.stderr, int(limits["max_output_chars"]))
-    lockdown = init.get("jail")
+    lockdown = init.jail
     if lockdown:  # before anything else runs here: every later process is a fork of this one
         from .jail import lock_down
 
@@ -545,7 +578,7 @@ def main(argv: list[str] | None = None) -> None:
         memory_mb=int(limits["memory_mb"]),
         max_output_chars=int(limits["max_output_chars"]),
         recursion_limit=int(limits["recursion_limit"]),
-        tools=tuple((str(name), str(signature)) for name, signature in init["tools"]),
+        tools=tuple((str(name), str(signature)) for name, signature in init.tools),
     )
     _Root(config, link).serve()
 

@@ -4,9 +4,10 @@
 :class:`ReplSession` is a handle on one namespace (the REPL's own or a copy-on-write fork).
 
 Modules: ``limits`` (ReplLimits), ``results`` (cell results and errors), ``processes`` (the
-process table), ``service`` (the socket service: connections and frame dispatch),
-``messages`` (the stream of forked sessions' messages), ``session`` (Repl, ReplSession and the
-cell runner).
+process table), ``process_tree`` (pidfds, tree kills), ``service`` (the socket service:
+connections and frame dispatch), ``messages`` (the stream of forked sessions' messages),
+``transport`` (requests to worker processes: commands, cells, forks, kills), ``session``
+(Repl, ReplSession).
 
 Example::
 

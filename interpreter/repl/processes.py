@@ -18,6 +18,7 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from ..frames import HostFrame
 from ..protocol import encode_frame
 from . import process_tree
 from .results import ReplProcessDied
@@ -102,13 +103,14 @@ class Proc:
             with contextlib.suppress(OSError):
                 os.close(pidfd)
 
-    async def send(self, message: dict[str, Any]) -> None:
+    async def send(self, frame: HostFrame) -> None:
+        """Send ``frame`` on this process's connection (ReplProcessDied if it is gone)."""
         if not self.alive:
             raise ReplProcessDied(f"the sandbox {self.role} process is not running")
-        frame = encode_frame(message, limit=None)
+        data = encode_frame(frame.to_message(), limit=None)
         try:
             async with self.send_lock:
-                await self.stream.send(frame)
+                await self.stream.send(data)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
             raise ReplProcessDied(f"the sandbox {self.role} process is gone") from exc
 

@@ -36,7 +36,19 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 
 from .. import frames
 from ..arg_limits import check_arguments
-from ..frames import ChildExit, Forked, Hello, RefusedCall, Reply, ToolCall, WorkerFrame
+from ..frames import (
+    ChildExit,
+    Forked,
+    Hello,
+    Launch,
+    RefusedCall,
+    Reply,
+    ShadowMessage,
+    ToolCall,
+    ToolFailed,
+    ToolResult,
+    WorkerFrame,
+)
 from ..protocol import (
     HEADER,
     MAX_FRAME_BYTES,
@@ -76,20 +88,23 @@ MAX_REFUSED_CONNECTIONS = 16
 HANGUP_GRACE_S = 1.0
 """How long a process may run on after closing its connection."""
 MAX_REFUSED_CALLS = 64
+"""Refused tool calls a shadow fork may make before its session is ended."""
 MAX_IGNORED_FRAMES = 64
 """Frames a process may send that change nothing (stale replies, reports about strangers)."""
-"""Refused tool calls a shadow fork may make before its session is ended."""
 
 
 class ReplService:
-    """Listens on the REPL's Unix socket and keeps one reader task per worker connection.
+    """Listens on the REPL's Unix socket ``socket_path`` (owner-only) and keeps one reader task
+    per worker connection; use as an async context manager (its tasks run in a task group of
+    the task that enters it, until it exits).
 
     ``messages``, when set, receives the messages of shadow forks, typed, and a
     ``RefusedCall`` notice for each refused tool call.
     """
 
-    def __init__(self, table: ProcessTable, tools: Mapping[str, str], tool_handler: ToolHandler,
-                 *, messages: ReplMessages | None = None) -> None:
+    def __init__(self, socket_path: str, table: ProcessTable, tools: Mapping[str, str],
+                 tool_handler: ToolHandler, *, messages: ReplMessages | None = None) -> None:
+        self._socket_path = socket_path
         self._table = table
         self._tools = tools
         self._tool_handler = tool_handler
@@ -97,49 +112,37 @@ class ReplService:
         self.messages = messages
         self._listener: anyio.abc.Listener | None = None
         self._group: anyio.abc.TaskGroup | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._stack: contextlib.AsyncExitStack | None = None
         self._connections = 0
         self._waiting_hello: deque[anyio.CancelScope] = deque()
         self._large_frame = anyio.Lock()
         self._tool_slots = anyio.Semaphore(MAX_TOOL_CALLS_IN_FLIGHT)
         self._refusals = TokenBucket(REFUSALS_BURST, REFUSALS_PER_S)
-        self.refused_tool_calls = 0
-        """Real tool calls refused because they came from a shadow fork."""
         self.protocol_errors = 0
         """Worker sessions ended because a frame broke the protocol."""
         self.refused_connections = 0
         """Connections closed unread: over the cap, or dropped while waiting for a hello."""
 
-    async def start(self, socket_path: str) -> None:
-        """Listen on ``socket_path`` (owner-only) and start serving connections."""
-        self._listener = await anyio.create_unix_listener(socket_path, mode=0o600)
-        ready = anyio.Event()
-        self._task = asyncio.get_running_loop().create_task(self._run(ready))
-        await ready.wait()
+    async def __aenter__(self) -> ReplService:
+        """Listen on the socket and start serving connections."""
+        async with contextlib.AsyncExitStack() as stack:
+            self._listener = await stack.enter_async_context(
+                await anyio.create_unix_listener(self._socket_path, mode=0o600))
+            self._group = await stack.enter_async_context(anyio.create_task_group())
+            self._group.start_soon(self._serve_listener)
+            self._stack = stack.pop_all()
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> bool | None:
+        """Stop serving: cancel every connection task and close the listener."""
+        assert self._group is not None and self._stack is not None
+        self._group.cancel_scope.cancel()
+        return await self._stack.__aexit__(*exc_info)
 
     def start_soon(self, func: Callable[..., Awaitable[Any]], *args: Any) -> None:
         """Run ``func(*args)`` in the service's task group (ends when the service closes)."""
         assert self._group is not None
         self._group.start_soon(func, *args)
-
-    async def aclose(self) -> None:
-        """Stop serving: cancel every connection task and close the listener."""
-        if self._group is not None:
-            self._group.cancel_scope.cancel()
-        if self._task is not None:
-            await asyncio.wait([self._task])
-            if not self._task.cancelled() and self._task.exception() is not None:
-                logger.error("REPL service task failed", exc_info=self._task.exception())
-        if self._listener is not None:
-            with contextlib.suppress(Exception):
-                await self._listener.aclose()
-
-    async def _run(self, ready: anyio.Event) -> None:
-        async with anyio.create_task_group() as group:
-            self._group = group
-            group.start_soon(self._serve_listener)
-            ready.set()
-            await anyio.sleep_forever()
 
     async def _serve_listener(self) -> None:
         """Accept connections; while many are refused, accept more slowly (a flood of
@@ -315,7 +318,7 @@ class ReplService:
             self._on_forked(proc, frame)
         elif isinstance(frame, ChildExit):
             self._on_child_exit(proc, frame)
-        elif frame.op in frames.SHADOW_OPS and proc.role == "fork":
+        elif isinstance(frame, frames.SHADOW_FRAMES) and proc.role == "fork":
             _check_arguments_on_receipt(frame)
             await self._post(proc.token, frame)
         else:
@@ -375,7 +378,7 @@ class ReplService:
         if proc.ignored_frames > MAX_IGNORED_FRAMES:
             raise ProtocolError(f"over {MAX_IGNORED_FRAMES} {what}")
 
-    async def _post(self, token: str, message: frames.ShadowMessage) -> None:
+    async def _post(self, token: str, message: ShadowMessage) -> None:
         if self.messages is not None:
             await self.messages.post(token, message)
 
@@ -385,19 +388,17 @@ class ReplService:
         return messages.mark() if messages is not None and not messages.closed else 0
 
     async def _refuse_tool_call(self, proc: Proc, call: ToolCall) -> None:
-        self.refused_tool_calls += 1
         proc.refused_calls += 1
         if proc.refused_calls > MAX_REFUSED_CALLS:
             raise ProtocolError(f"over {MAX_REFUSED_CALLS} refused tool calls")
         await self._post(proc.token, RefusedCall(call.name))
-        reply = {"op": frames.TOOL_ERROR, "call": call.call, "type": "PermissionError",
-                 "original_type": "PermissionError",
-                 "message": f"{call.name}(): a shadow process may not call tools"}
+        reply = ToolFailed(call.call, "PermissionError", "PermissionError",
+                           f"{call.name}(): a shadow process may not call tools")
         with contextlib.suppress(ReplProcessDied):
             await proc.send(reply)
 
     async def _run_tool_call(self, proc: Proc, call: ToolCall, messages_before: int) -> None:
-        reply: dict[str, Any] | None = None
+        reply: ToolResult | ToolFailed | None = None
         try:
             with anyio.CancelScope() as scope:
                 proc.tool_scopes.add(scope)
@@ -410,12 +411,10 @@ class ReplService:
                                                          dict(call.kwargs), line=call.line)
                     else:
                         value = await self._tool_handler(call.name, call.args, dict(call.kwargs))
-                    reply = {"op": frames.TOOL_RESULT, "call": call.call,
-                             "value": _plain_tool_value(call.name, value)}
+                    reply = ToolResult(call.call, _plain_tool_value(call.name, value))
                 except Exception as exc:
-                    reply = {"op": frames.TOOL_ERROR, "call": call.call,
-                             "type": wire_exception_type(exc),
-                             "original_type": type(exc).__name__, "message": str(exc)}
+                    reply = ToolFailed(call.call, wire_exception_type(exc), type(exc).__name__,
+                                       str(exc))
                 finally:
                     proc.tool_scopes.discard(scope)
             if reply is not None:
@@ -427,7 +426,7 @@ class ReplService:
 
 def _check_arguments_on_receipt(frame: Any) -> None:
     """Bound a call's or launch's arguments before anything copies or hashes them."""
-    if isinstance(frame, (ToolCall, frames.Launch)):
+    if isinstance(frame, (ToolCall, Launch)):
         try:
             check_arguments(frame.name, frame.args, frame.kwargs)
         except Exception as exc:

@@ -10,52 +10,31 @@ from __future__ import annotations
 
 import contextlib
 import keyword
-import logging
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import anyio
 import anyio.abc
 
-from .. import frames, jail
+from .. import jail
 from ..cgroup import ReplCgroup
+from ..frames import Exit, Extend, GetVar, HostFrame, Init, Request, SetVar, Spawn, Summary
 from ..protocol import TOKEN_ENV, to_plain
 from .limits import ReplLimits
 from .messages import ReplMessages
 from .processes import Proc, ProcessTable, death_cause
-from .results import CellResult, ReplError, ReplProcessDied, VariableSummary, cell_result, reply_value
-from .service import MAX_CONNECTIONS, ReplService, ToolHandler
+from .results import CellResult, ReplError, ReplProcessDied, VariableSummary
+from .service import ReplService, ToolHandler
+from .transport import ReplTransport
 
-logger = logging.getLogger(__name__)
-
-EXIT_REPORT_WAIT_S = 2.0
 WORKER_MODULE = "agentrt.interpreter.worker"
-RESERVED_CONNECTIONS = 3
-"""Connections kept free of forks: for the next cell and a restarted holder."""
-
-
-async def wait_any(events: Iterable[anyio.Event], timeout: float) -> None:
-    """Wait until one of ``events`` is set, or ``timeout`` seconds pass."""
-    fired = anyio.Event()
-
-    async def watch(event: anyio.Event) -> None:
-        await event.wait()
-        fired.set()
-
-    async with anyio.create_task_group() as group:
-        for event in events:
-            group.start_soon(watch, event)
-        with anyio.move_on_after(max(timeout, 0)):
-            await fired.wait()
-        group.cancel_scope.cancel()
 
 
 def _check_variable_name(name: str) -> None:
@@ -73,8 +52,8 @@ class ReplSession:
     independent copy-on-write copy.
     """
 
-    def __init__(self, repl: Repl, proc: Proc) -> None:
-        self._repl = repl
+    def __init__(self, transport: ReplTransport, proc: Proc) -> None:
+        self._transport = transport
         self._proc = proc
         self._lock = anyio.Lock()
 
@@ -93,65 +72,70 @@ class ReplSession:
         """The identity of this handle's process in the REPL's message stream."""
         return self._proc.token
 
-    async def post(self, message: dict[str, Any]) -> None:
-        """Send a one-way message (no reply expected) to the process."""
-        await self._require_alive().send(message)
+    @property
+    def death_cause(self) -> str:
+        """How the process holding this namespace ended (or was stopped), in words."""
+        return death_cause(self._proc)
+
+    async def post(self, frame: HostFrame) -> None:
+        """Send a frame that expects no reply (e.g. `frames.Shadow`) to the process."""
+        await self._transport.post(self._require_alive(), frame)
 
     async def execute(self, code: str, *, name: str = "cell", commit: bool = False) -> CellResult:
         """Run ``code`` in this namespace and return what it printed, raised and answered."""
         async with self._lock:
-            holder = self._require_alive()
-            return await self._repl._run_cell(self, holder, code, name, commit)
+            result, self._proc = await self._transport.run_cell(
+                self._require_alive(), code, name, commit=commit)
+            return result
 
-    async def fork(self) -> ReplSession:
-        """A new handle on a copy-on-write copy of this namespace."""
-        async with self._lock:
-            holder = self._require_alive()
-            return await self._repl._fork(holder)
+    async def fork(self, *, shadow: bool = False) -> ReplSession:
+        """A new handle on a copy-on-write copy of this namespace.
+
+        With ``shadow`` the copy may never make a real tool call (one that arrives anyway is
+        refused: the code gets a PermissionError and the REPL's message stream a
+        `frames.RefusedCall`), and it is made at once, without waiting for a cell running here:
+        a committed cell runs in a child, so the copy has the namespace from before that cell.
+        """
+        if shadow:
+            child = await self._transport.fork(self._require_alive(), tool_calls=False)
+        else:
+            async with self._lock:
+                child = await self._transport.fork(self._require_alive())
+        return ReplSession(self._transport, child)
 
     async def set_variable(self, name: str, value: Any) -> None:
         """Bind ``name`` to ``value`` (plain data) in this namespace."""
         _check_variable_name(name)
-        value = to_plain(value)
-        async with self._lock:
-            await self._repl._command(self._require_alive(),
-                                      {"op": frames.SET_VAR, "name": name, "value": value})
+        await self._command(SetVar(name, to_plain(value)))
 
     async def get_variable(self, name: str) -> Any:
         """The value of ``name`` as plain data (KeyError if unbound, TypeError if not plain)."""
-        async with self._lock:
-            return await self._repl._command(self._require_alive(),
-                                             {"op": frames.GET_VAR, "name": name})
+        return await self._command(GetVar(name))
 
     async def namespace_summary(self) -> dict[str, VariableSummary]:
         """``{name: VariableSummary}`` for every variable in the namespace."""
-        async with self._lock:
-            raw = await self._repl._command(self._require_alive(), {"op": frames.SUMMARY})
+        raw = await self._command(Summary())
         if not isinstance(raw, dict):
             raise ReplError("malformed namespace summary from the sandbox")
         return {str(k): VariableSummary(str(v[0]), str(v[1])) for k, v in raw.items()
                 if isinstance(v, (list, tuple)) and len(v) == 2}
 
-    async def set_proxy_factory(self, factory: str) -> None:
-        """Rebuild the tool proxies with ``"package.module:function"``, called as
-        ``factory(name, signature, channel)`` in the worker (see worker.py)."""
-        async with self._lock:
-            await self._repl._command(self._require_alive(),
-                                      {"op": frames.SET_PROXY, "factory": factory})
-
     async def extend(self, hook: str) -> None:
         """Call ``hook(sandbox, channel)`` (``"package.module:function"``) in the worker,
         e.g. to install builtins or replace ``sandbox.compiler``; forks inherit the result."""
-        async with self._lock:
-            await self._repl._command(self._require_alive(), {"op": frames.EXTEND, "hook": hook})
+        await self._command(Extend(hook))
 
     async def kill(self, *, wait: bool = True) -> None:
         """Kill the process holding this namespace (SIGKILL); with ``wait``, until it is gone."""
         proc = self._proc
-        self._repl._table.kill(proc, "killed by the runtime")
+        self._transport.kill(proc, "killed by the runtime")
         if wait:
             with anyio.move_on_after(5):
                 await proc.dead.wait()
+
+    async def _command(self, request: Request) -> Any:
+        async with self._lock:
+            return await self._transport.command(self._require_alive(), request)
 
     def _require_alive(self) -> Proc:
         if not self._proc.alive:
@@ -165,7 +149,8 @@ class Repl:
 
     ``tool_handler`` serves the tool calls made by sandboxed code; ``tool_names`` lists the
     tools (a mapping gives each a one-line signature for ``help()``). Use as an async
-    context manager, or call :meth:`start` and :meth:`aclose`. Requires asyncio.
+    context manager, or call :meth:`start` and :meth:`aclose` from one task (the REPL's
+    service runs in a task group of that task). Requires asyncio.
     """
 
     def __init__(self, tool_handler: ToolHandler,
@@ -183,10 +168,12 @@ class Repl:
         self._started = self._closed = False
         self._table = ProcessTable()
         self._runtime_variables: dict[str, Any] = {}
-        self._setup_steps: list[tuple[str, str]] = []
+        self._extensions: list[str] = []
         self._unreported_restart: str | None = None
         self._tmpdir: Path | None = None
+        self._stack: contextlib.AsyncExitStack | None = None
         self._service: ReplService | None = None
+        self._transport: ReplTransport | None = None
         self._root_process: anyio.abc.Process | None = None
         self._main: ReplSession | None = None
         self._jail = jail.OFF
@@ -212,6 +199,7 @@ class Repl:
         self._tmpdir = Path(tempfile.mkdtemp(prefix="agentrt-repl-"))
         (self._tmpdir / "work").mkdir()
         self._socket_path = str(self._tmpdir / "repl.sock")
+        self._stack = contextlib.AsyncExitStack()
         try:
             try:
                 self._jail = await anyio.to_thread.run_sync(jail.plan_jail, self.limits.jail)
@@ -223,14 +211,15 @@ class Repl:
                 self._cgroup = ReplCgroup.create(
                     (2 * memory + self.limits.disk_mb) * 2**20 if memory else None,
                     jail.MAX_PROCESSES)
-            self._service = ReplService(self._table, self._tools, self._tool_handler,
-                                        messages=self._messages)
-            await self._service.start(self._socket_path)
+            self._service = await self._stack.enter_async_context(ReplService(
+                self._socket_path, self._table, self._tools, self._tool_handler,
+                messages=self._messages))
+            self._transport = ReplTransport(self._table, self.limits,
+                                            self._tmpdir / "worker.log")
             await self._start_root()
-            self._main = ReplSession(self, await self._spawn_holder())
+            self._main = ReplSession(self._transport, await self._spawn_holder())
         except BaseException:
-            with anyio.CancelScope(shield=True):
-                await self.aclose()
+            await self.aclose()
             raise
 
     async def aclose(self) -> None:
@@ -240,19 +229,16 @@ class Repl:
         self._closed = True
         if not self._started:
             return
-        with anyio.CancelScope(shield=True):
-            await self._stop_processes()
-            if self._cgroup is not None:
-                await anyio.to_thread.run_sync(self._cgroup.remove)
-            if self._service is not None:
-                await self._service.aclose()
+        try:
+            with anyio.CancelScope(shield=True):
+                await self._stop_processes()
+                if self._cgroup is not None:
+                    await anyio.to_thread.run_sync(self._cgroup.remove)
+        finally:
+            if self._stack is not None:  # the service's task group: exited where it was entered
+                await self._stack.aclose()
             if self._tmpdir is not None:
                 shutil.rmtree(self._tmpdir, ignore_errors=True)
-
-    @property
-    def refused_tool_calls(self) -> int:
-        """Real tool calls refused because they came from a shadow fork."""
-        return self._service.refused_tool_calls if self._service is not None else 0
 
     @property
     def protocol_errors(self) -> int:
@@ -269,8 +255,9 @@ class Repl:
 
         It yields ``(session token, message)`` in arrival order, messages unread by the
         REPL (typed: ``frames.Launch``, ``frames.ShadowDone``), plus a ``frames.RefusedCall``
-        for each refused shadow tool call (see :meth:`fork_holder`). May be opened before :meth:`start`; close it to stop
-        (later messages are then dropped) before opening another.
+        for each refused shadow tool call (see :meth:`fork_shadow`). May be opened before
+        :meth:`start`; close it to stop (later messages are then dropped) before opening
+        another.
         """
         if self._messages is not None and not self._messages.closed:
             raise ReplError("the REPL's message stream is already open")
@@ -297,7 +284,7 @@ class Repl:
         namespace (restoring the variables given with :meth:`set_variable`) and returns an
         error of type ``ReplRestarted`` saying so, without running the cell.
         """
-        self._check_running()
+        await self._started_main()
         async with self._lock:
             await self._ensure_main()
             if self._unreported_restart is None:
@@ -320,68 +307,54 @@ class Repl:
 
         The REPL remembers these values and restores them if it has to restart.
         """
-        self._check_running()
         _check_variable_name(name)
         value = to_plain(value)
-        async with self._lock:
-            await self._ensure_main()
-            await self._main.set_variable(name, value)
-            self._runtime_variables[name] = value
+        await self._on_main(lambda main: main.set_variable(name, value))
+        self._runtime_variables[name] = value
 
     async def get_variable(self, name: str) -> Any:
         """The value of ``name`` as plain data (KeyError if unbound, TypeError if not plain)."""
-        self._check_running()
-        async with self._lock:
-            await self._ensure_main()
-            return await self._main.get_variable(name)
+        return await self._on_main(lambda main: main.get_variable(name))
 
     async def namespace_summary(self) -> dict[str, VariableSummary]:
         """``{name: VariableSummary(type_name, repr)}`` for every variable."""
-        self._check_running()
-        async with self._lock:
-            await self._ensure_main()
-            return await self._main.namespace_summary()
+        return await self._on_main(lambda main: main.namespace_summary())
 
     async def fork(self) -> ReplSession:
         """A copy-on-write copy of the namespace as a new handle (for speculative runs)."""
-        self._check_running()
-        async with self._lock:
-            await self._ensure_main()
-            return await self._main.fork()
+        return await self._on_main(lambda main: main.fork())
 
-    async def fork_holder(self, *, shadow: bool = False) -> ReplSession:
-        """Fork the process holding the namespace *now*, without waiting for a running cell.
-
-        With ``shadow`` the fork may never make a real tool call: one that arrives anyway is
-        refused (the code gets a PermissionError), counted in ``refused_tool_calls`` and
-        reported on the message stream (:meth:`messages`) as ``refused_call``.
+    async def fork_shadow(self) -> ReplSession:
+        """Fork the process holding the namespace *now*, without waiting for a running cell,
+        for a shadow run: the fork may never make a real tool call (one that arrives anyway is
+        refused: the code gets a PermissionError and the message stream, :meth:`messages`, a
+        ``frames.RefusedCall``).
 
         While a cell runs, the holder still has the namespace as it was before the cell, so
         the fork sees that state. Raises `ReplProcessDied` if the holder is being replaced.
         """
-        self._check_running()
-        if self._main is None:
-            raise ReplProcessDied("the REPL has no namespace holder")
-        return await self._fork(self._main._require_alive(), tool_calls=not shadow)
-
-    async def set_proxy_factory(self, factory: str) -> None:
-        """Rebuild the namespace's tool proxies with another factory (kept across restarts)."""
-        await self._setup("set_proxy_factory", factory)
+        return await (await self._started_main()).fork(shadow=True)
 
     async def extend(self, hook: str) -> None:
-        """Run ``hook(sandbox, channel)`` in the namespace process (kept across restarts)."""
-        await self._setup("extend", hook)
+        """Run ``hook(sandbox, channel)`` (``"package.module:function"``) in the namespace
+        process: it may install builtins, adapt guards or replace the compiler. Forks inherit
+        it and the REPL runs it again after a restart."""
+        await self._on_main(lambda main: main.extend(hook))
+        self._extensions.append(hook)
 
-    async def _setup(self, method: str, path: str) -> None:
-        self._check_running()
-        async with self._lock:
-            await self._ensure_main()
-            await getattr(self._main, method)(path)
-            self._setup_steps.append((method, path))
-
-    def _check_running(self) -> None:
+    async def _started_main(self) -> ReplSession:
         if not self._started or self._closed:
             raise ReplError("the REPL is not running (call start() or use 'async with')")
+        if self._main is None:
+            raise ReplProcessDied("the REPL has no namespace holder")
+        return self._main
+
+    async def _on_main(self, call: Callable[[ReplSession], Awaitable[Any]]) -> Any:
+        """``await call(main session)``, restarting the namespace first if its process died."""
+        await self._started_main()
+        async with self._lock:
+            await self._ensure_main()
+            return await call(self._main)
 
     def _worker_env(self, token: str) -> dict[str, str]:
         env = {"PATH": os.environ.get("PATH", os.defpath), "LANG": "C.UTF-8",
@@ -390,13 +363,6 @@ class Repl:
         if os.environ.get("PYTHONPATH"):
             env["PYTHONPATH"] = os.environ["PYTHONPATH"]
         return env
-
-    def _log_tail(self) -> str:
-        try:
-            text = (self._tmpdir / "worker.log").read_text(errors="replace").strip()
-        except OSError:
-            return ""
-        return f"\nworker log:\n{text[-2000:]}" if text else ""
 
     async def _start_root(self) -> None:
         root = self._table.new_proc("root")
@@ -415,18 +381,17 @@ class Repl:
             self._table.by_pid[process.pid] = root
         self._table.root, self._root_process = root, process
         self._service.start_soon(self._watch_root, process, root)
-        await self._await_ready(root, "the sandbox worker")
+        await self._transport.await_ready(root, "the sandbox worker")
         lockdown = None
         if self._jail.active:
             lockdown = {"seccomp": self._jail.seccomp, "disk_mb": self.limits.disk_mb,
                         "bound_pids": self._jail.namespaces and jail.caps_pid_space()}
         if self._cgroup is not None:
             self._cgroup.add(root.pid)
-        await root.send({"op": frames.INIT, "tools": list(self._tools.items()), "limits": {
-            "memory_mb": self.limits.memory_mb,
-            "max_output_chars": self.limits.max_output_chars,
-            "recursion_limit": self.limits.recursion_limit,
-        }, "jail": lockdown})
+        await root.send(Init({"memory_mb": self.limits.memory_mb,
+                              "max_output_chars": self.limits.max_output_chars,
+                              "recursion_limit": self.limits.recursion_limit},
+                             tuple(self._tools.items()), lockdown))
 
     async def _watch_root(self, process: anyio.abc.Process, root: Proc) -> None:
         code = await process.wait()
@@ -437,131 +402,12 @@ class Repl:
         if root.stream is None:
             root.mark_dead()
 
-    async def _await_ready(self, proc: Proc, what: str) -> None:
-        with anyio.move_on_after(self.limits.start_timeout_s):
-            await proc.ready.wait()
-        if proc.alive:
-            return
-        self._table.kill(proc, "it did not start in time")
-        with anyio.move_on_after(1):
-            await proc.exited.wait()
-        status = death_cause(proc)
-        raise ReplError(f"{what} did not start ({status}){self._log_tail()}")
-
     async def _spawn_holder(self) -> Proc:
         holder = self._table.new_proc("holder", parent=self._table.root)
-        await self._command(self._table.root, {"op": frames.SPAWN, "token": holder.token},
-                            timeout=self.limits.start_timeout_s)
-        await self._await_ready(holder, "the sandbox namespace process")
+        await self._transport.command(self._table.root, Spawn(holder.token),
+                                      timeout=self.limits.start_timeout_s)
+        await self._transport.await_ready(holder, "the sandbox namespace process")
         return holder
-
-    async def _fork(self, holder: Proc, *, tool_calls: bool = True) -> ReplSession:
-        if self._table.starting_or_running() >= MAX_CONNECTIONS - RESERVED_CONNECTIONS:
-            raise ReplError(f"too many sandbox processes are open (at most "
-                            f"{MAX_CONNECTIONS - RESERVED_CONNECTIONS}); kill forks you no "
-                            "longer need")
-        child = self._table.new_proc("fork", parent=holder)
-        child.tool_calls_allowed = tool_calls
-        try:
-            await self._command(holder, {"op": frames.FORK, "token": child.token},
-                                timeout=self.limits.start_timeout_s)
-            await self._await_ready(child, "the forked sandbox process")
-        except BaseException:
-            self._table.kill(child, "fork failed")
-            raise
-        return ReplSession(self, child)
-
-    async def _command(self, proc: Proc, message: dict[str, Any], *,
-                       timeout: float | None = None) -> Any:
-        """Send a request to ``proc`` and return its reply value (or raise its error)."""
-        pending = self._table.new_pending(frozenset({proc}))
-        proc.pending.add(pending)
-        try:
-            await proc.send({**message, "id": pending.id})
-            with anyio.move_on_after(self.limits.wall_s if timeout is None else timeout):
-                await pending.done.wait()
-        finally:
-            self._table.pending.pop(pending.id, None)
-            proc.pending.discard(pending)
-        if not pending.done.is_set():
-            self._table.kill(proc, f"it did not answer {message['op']!r} in time")
-            raise ReplError(f"the sandbox process did not answer {message['op']!r} in time")
-        if pending.reply is None:
-            raise ReplProcessDied(f"the sandbox process died ({death_cause(proc)})")
-        return reply_value(pending.reply)
-
-    async def _run_cell(self, handle: ReplSession, holder: Proc, code: str, name: str,
-                        commit: bool) -> CellResult:
-        if not isinstance(code, str) or not isinstance(name, str):
-            raise TypeError("code and name must be strings")
-        limits = self.limits
-        started = time.monotonic()
-        deadline = started + limits.wall_s
-        runner = self._table.new_proc("cell", parent=holder) if commit else holder
-        pending = self._table.new_pending(frozenset({holder, runner}))
-        runner.pending.add(pending)
-        message = {"op": frames.EXEC, "id": pending.id, "code": code, "name": name,
-                   "fork": commit, "cpu_s": limits.cpu_s}
-        if commit:
-            message["token"] = runner.token
-        finished = False
-        try:
-            await holder.send(message)
-            if commit:  # until the child connects, the holder's death also ends the wait
-                await wait_any([runner.ready, holder.dead, pending.done],
-                                min(limits.start_timeout_s, deadline - time.monotonic()))
-                if not runner.ready.is_set() and not pending.done.is_set():
-                    self._table.kill(runner, "the cell process did not start")
-                    pending.fail()
-            with anyio.move_on_after(deadline - time.monotonic()):
-                await pending.done.wait()
-            if not pending.done.is_set():
-                survivors = await self._table.kill_tree(runner, "wall")
-                if survivors:
-                    logger.error("sandbox processes %s survived a wall-clock kill", survivors)
-                pending.fail()
-            finished = True
-        finally:
-            self._table.pending.pop(pending.id, None)
-            runner.pending.discard(pending)
-            if not finished:
-                self._table.kill(runner, "the call was cancelled")
-        duration = time.monotonic() - started
-        if pending.reply is None:
-            with anyio.move_on_after(EXIT_REPORT_WAIT_S):
-                await runner.exited.wait()  # the runtime's own view, then the parent's account
-                await runner.exit_reported.wait()
-            error_type, text = self._describe_death(runner, rolled_back=commit)
-            return CellResult("", f"{error_type}: {text}", error_type, None, duration, killed=True)
-        if commit and pending.replied_by is runner:
-            handle._proc = runner
-            with contextlib.suppress(ReplProcessDied):
-                await holder.send({"op": frames.EXIT})
-        return cell_result(pending.reply, duration)
-
-    def _describe_death(self, proc: Proc, *, rolled_back: bool) -> tuple[str, str]:
-        limits = self.limits
-        if proc.stop_reason == "wall":
-            error_type = "TimeoutError"
-            text = (f"cell exceeded its wall-clock limit of {limits.wall_s:g} s "
-                    "(tool calls included) and was stopped")
-        elif proc.exit_signal == signal.SIGXCPU:
-            error_type = "TimeoutError"
-            text = f"cell exceeded its CPU time limit of {limits.cpu_s:g} s and was stopped"
-        elif proc.stop_reason is not None:
-            error_type, text = "RuntimeError", f"the cell was stopped: {proc.stop_reason}"
-        elif proc.exit_signal == signal.SIGKILL:
-            error_type = "RuntimeError"
-            text = ("the process running the cell was killed (SIGKILL), possibly for using "
-                    "too much memory")
-        else:
-            error_type = "RuntimeError"
-            text = f"the process running the cell died unexpectedly ({death_cause(proc)})"
-        if rolled_back:
-            text += "; variables it assigned were discarded"
-        else:
-            text += "; this forked namespace is gone"
-        return error_type, text
 
     async def _ensure_main(self) -> None:
         """Restart the namespace if its process died; leave a notice for the next cell.
@@ -571,12 +417,12 @@ class Repl:
         main = self._main
         if main is not None and main.alive:
             return
-        cause = death_cause(main._proc) if main is not None else "not started"
+        cause = main.death_cause if main is not None else "not started"
         await self._stop_processes()
         await self._start_root()
-        self._main = ReplSession(self, await self._spawn_holder())
-        for method, path in self._setup_steps:
-            await getattr(self._main, method)(path)
+        self._main = ReplSession(self._transport, await self._spawn_holder())
+        for hook in self._extensions:
+            await self._main.extend(hook)
         for name, value in self._runtime_variables.items():
             await self._main.set_variable(name, value)
         self.restarts += 1
@@ -606,7 +452,7 @@ class Repl:
                     await proc.dead.wait()
         if root is not None and root.alive:
             with contextlib.suppress(ReplProcessDied):
-                await root.send({"op": frames.EXIT})
+                await root.send(Exit())
         if process is not None:
             with anyio.move_on_after(3):
                 await process.wait()

@@ -332,10 +332,11 @@ def install(sandbox, channel):
     sandbox.install_builtin("pair_both", pair_both)
 
 
-def tagging_proxy(name, signature, channel):
-    def call(*args, **kwargs):
-        return ("tagged", channel.call(name, args, kwargs))
-    return call
+def tag_tools(sandbox, channel):  # replaces the tool proxies
+    for name in sandbox.tool_names():
+        def call(*args, name=name, **kwargs):
+            return ("tagged", channel.call(name, args, kwargs))
+        sandbox.install_tool(name, f"{name}(...)", call)
 """
 
 
@@ -352,7 +353,7 @@ async def test_extension_hooks_run_in_the_worker_and_survive_restarts(tmp_path, 
         await k.extend("repl_extension_demo:install")
         result = await k.execute("print(twice(21), pair_both('a', 'b'))")
         assert result.stdout == "42 ['paired b', 'paired a']\n", result.error
-        await k.set_proxy_factory("repl_extension_demo:tagging_proxy")
+        await k.extend("repl_extension_demo:tag_tools")
         fork = await k.fork()
         assert (await fork.execute("print(add(1, 2))")).stdout == "('tagged', 3)\n"
         with pytest.raises(ReplError):
@@ -481,9 +482,9 @@ async def test_a_tool_call_waits_until_earlier_messages_are_received():
         messages = r.messages()
         with pytest.raises(ReplError, match="already open"):
             r.messages()
-        shadow = await r.fork_holder(shadow=True)
+        shadow = await r.fork_shadow()
         assert (await shadow.execute("keep(1)")).error_type == "PermissionError"
-        plain = await r.fork_holder()
+        plain = await r.fork()
 
         async def receive_late() -> None:
             await anyio.sleep(0.5)

@@ -229,7 +229,8 @@ async def test_a_slow_large_frame_is_cut_off(breach_hook, monkeypatch):
 
 async def test_refused_tool_calls_from_a_shadow_are_capped(breach_hook):
     async with breached_repl() as repl:
-        shadow = await repl.fork_holder(shadow=True)
+        messages = repl.messages()
+        shadow = await repl.fork_shadow()
         result = await shadow.execute(source("""
             for call in range(1, 200):
                 try:
@@ -238,7 +239,13 @@ async def test_refused_tool_calls_from_a_shadow_are_capped(breach_hook):
                     pass
         """))
         assert result.killed and repl.protocol_errors == 1
-        assert repl.refused_tool_calls == service.MAX_REFUSED_CALLS + 1
+        refused = []
+        with contextlib.suppress(anyio.WouldBlock):
+            while True:
+                refused.append(messages.receive_nowait())
+        assert len(refused) == service.MAX_REFUSED_CALLS  # the next one ended the session
+        assert {message.name for _, message in refused} == {"echo"}
+        messages.close()
         await main_still_works(repl)
 
 
