@@ -32,7 +32,6 @@ import sys
 import threading
 from typing import Any
 
-from . import sandbox as sandbox_module
 from .arg_limits import check_arguments
 from .frames import (
     EXIT_PROTOCOL,
@@ -47,6 +46,7 @@ from .frames import (
 )
 from .lazy import Abandoned, LazyTable, PendingLaunches, lazy_aware_guards, shadow_helpers
 from .protocol import NotPlainDataError, to_plain
+from .sandbox import SandboxPolicy
 from .shadow_transform import compile_shadow
 
 SHADOW_FILENAME = "<shadow>"
@@ -189,8 +189,6 @@ class ShadowRun:
         for name in sandbox.tool_names():
             sandbox.install_builtin(name, self._proxy(name))
         self._redirect_channel(self.process.channel)
-        sandbox_module._current_output = None
-        sandbox_module._active_sandbox = sandbox
 
     # -- running ---------------------------------------------------------------------------------
     def _compile_blocks(self, statements: tuple[tuple[int, int, str], ...]
@@ -206,7 +204,7 @@ class ShadowRun:
                 broken.add(block)
                 continue
             ast.increment_lineno(tree, int(first_line) - 1)
-            result = compile_shadow(tree, SHADOW_FILENAME, policy=sandbox_module.SandboxPolicy)
+            result = compile_shadow(tree, SHADOW_FILENAME, policy=SandboxPolicy)
             if result.code is None:
                 broken.add(block)
                 continue

@@ -23,7 +23,10 @@ import sys
 import types
 from typing import Any
 
+import typing
+
 from agentrt.interpreter import sandbox as sandbox_module
+from agentrt.interpreter.sandbox import modules as sandbox_modules
 
 # Where the classes of the allowed modules are implemented (their C accelerators and private
 # helpers); an object of one of these classes is part of what the sandbox offers.
@@ -35,8 +38,11 @@ IMPLEMENTATION_MODULES = frozenset({
     "unicodedata", "itertools", "binascii",
 })
 SANDBOX_CLASS_MODULES = frozenset({sandbox_module.SANDBOX_MODULE_NAME,
-                                   "agentrt.interpreter.sandbox", "agentrt.interpreter.worker",
-                                   "agentrt.tools.errors", __name__})
+                                   *(f"agentrt.interpreter.sandbox.{part}" for part in (
+                                       "policy", "modules", "cell_builtins", "output",
+                                       "namespace")),
+                                   "agentrt.interpreter.worker", "agentrt.tools.errors",
+                                   __name__})
 """Where the sandbox's own classes and functions live (``__name__``: classes that ``typing``'s
 class factories name after their caller, here the walk itself)."""
 EXTRA_CLASSES = frozenset({type(functools.cached_property(len).lock)}) \
@@ -70,7 +76,7 @@ class Crawler:
         self.offered = self._offered()
         self.offered_bases = {id(base) for value in list(self.table.values()) + [
             value for name in sandbox_module.ALLOWED_MODULES for value in object.__getattribute__(
-                sandbox_module.module_facade(name), "_attributes").values()]
+                sandbox.module_facade(name), "_attributes").values()]
             if isinstance(value, type) for base in value.__mro__}
         self.denied = self._denied_objects()
         self.visits = 0
@@ -80,7 +86,7 @@ class Crawler:
         """Ids of everything the builtins and the module facades hand out."""
         offered = {id(value) for value in self.table.values()}
         for name in sandbox_module.ALLOWED_MODULES:
-            facade = sandbox_module.module_facade(name)
+            facade = self.sandbox.module_facade(name)
             offered |= {id(value) for value in
                         object.__getattribute__(facade, "_attributes").values()}
         return offered
@@ -96,12 +102,13 @@ class Crawler:
         """What the module facades leave out on purpose (their deny and only lists), and the
         mutable state of every module, by id."""
         denied: dict[int, str] = {id(builtins.open): "builtins.open"}
-        for name, rule in sandbox_module._MODULE_RULES.items():
+        for name, rule in sandbox_modules._MODULE_RULES.items():
             module = sys.modules[name]
             names = set(rule.deny)
             if rule.only:
                 names |= {attr for attr in vars(module) if not attr.startswith("_")
-                          and attr not in rule.only and attr not in (rule.replace or {})}
+                          and attr not in rule.only
+                          and attr not in rule.replacements(self.sandbox.context)}
             for attr in names:
                 value = getattr(module, attr, None)
                 if callable(value) and id(value) not in self.offered:
@@ -120,7 +127,7 @@ class Crawler:
         if obj is type:
             return "the real type"
         if isinstance(obj, type) and issubclass(obj, type) \
-                and obj is not sandbox_module.SandboxType:
+                and obj is not sandbox_module.policy.SandboxType:
             return f"a metaclass ({obj.__qualname__})"
         if isinstance(obj, dict) and id(obj) in self.module_globals:
             return "a module's globals"
@@ -128,7 +135,7 @@ class Crawler:
             return "__subclasses__"
         if id(obj) in self.denied:
             return f"{self.denied[id(obj)]}, which the facade leaves out"
-        if isinstance(obj, sandbox_module.typing_module.ForwardRef):
+        if isinstance(obj, typing.ForwardRef):
             return "a typing.ForwardRef"
         if _module_function(obj) and id(obj) not in self.offered \
                 and not _offered_module(obj.__module__) and not self._method_of_offered(obj):

@@ -10,6 +10,7 @@ import re
 import pytest
 
 from agentrt.interpreter import Repl, ReplLimits
+from agentrt.interpreter.sandbox import Sandbox
 
 pytestmark = pytest.mark.anyio
 
@@ -302,9 +303,7 @@ class _SetsADunder:
 
 
 def test_copy_refuses_a_reduction_that_rebuilds_a_class_or_sets_dunders():
-    from agentrt.interpreter.sandbox import module_facade
-
-    copy = module_facade("copy")
+    copy = Sandbox().module_facade("copy")
     for function in (copy.copy, copy.deepcopy):
         with pytest.raises(TypeError, match="rebuilds a class"):
             function(_RebuildsAClass())
@@ -312,6 +311,31 @@ def test_copy_refuses_a_reduction_that_rebuilds_a_class_or_sets_dunders():
             function(_SetsADunder())
     assert "public" not in vars(_Target)
     assert copy.deepcopy({"x": [1, 2]}) == {"x": [1, 2]}
+
+
+class _Probe:
+    """Records what the stdlib ``copy`` module's reconstruction step is while it is copied."""
+
+    seen: list = []
+
+    def __reduce_ex__(self, protocol):
+        import copy
+
+        return (lambda: _Probe.seen.append(copy._reconstruct) or _Probe(), ())
+
+
+def test_the_sandbox_copies_with_its_own_copy_module_and_leaves_the_stdlib_one_alone():
+    import copy as stdlib_copy
+
+    original = stdlib_copy._reconstruct
+    copy = Sandbox().module_facade("copy")
+    _Probe.seen.clear()
+    for function in (copy.copy, copy.deepcopy):
+        assert type(function(_Probe())) is _Probe
+    assert _Probe.seen == [original, original]  # never swapped, not even while copying
+    with pytest.raises(TypeError, match="rebuilds a class"):
+        copy.deepcopy([[_RebuildsAClass()]])
+    assert stdlib_copy.deepcopy(_SetsADunder()).__class__ is _Target  # stdlib: unchecked
 
 
 LEGITIMATE_USES = """
@@ -354,6 +378,11 @@ Pair = collections.namedtuple('Pair', 'left right', defaults=[0])
 typing.reveal_type(Color.RED)
 print(Color(2).name, Shape.SQUARE.value, int(Perm.R | Perm.W), Point(1) < Point(2),
       Point3(1, 2, 3), add(2, 3), box.items, copy.copy(box).items is box.items, Pair(1), dataclasses.asdict(Point(5, 6)))
+print(dataclasses.asdict(Point3(1, 2, 3), dict_factory=lambda pairs: sorted(pairs)[::-1]),
+      dataclasses.astuple(Point(7)), copy.deepcopy(Pair([1], {'k': Point(1)})))
+import datetime
+print(datetime.datetime.strptime('2024-05-01 13:30', '%Y-%m-%d %H:%M').isoformat(),
+      datetime.date.fromisoformat('2024-05-01').strftime('%d %b %Y'))
 """
 
 
@@ -364,7 +393,9 @@ async def test_wrapped_modules_still_serve_ordinary_code():
         assert result.stdout == (
             "Runtime type is 'Color'\n"
             "GREEN 2 6 True Point3(x=1, y=2, z=3) 5 [1, [2]] True "
-            "Pair(left=1, right=0) {'x': 5, 'y': 6}\n")
+            "Pair(left=1, right=0) {'x': 5, 'y': 6}\n"
+            "[('z', 3), ('y', 2), ('x', 1)] (7, 0) Pair(left=[1], right={'k': Point(x=1, y=0)})\n"
+            "2024-05-01T13:30:00 01 May 2024\n")
 
 
 async def test_stdlib_state_is_unchanged_after_the_attempts():
@@ -394,9 +425,7 @@ class _WritesIntoASingleton:
 
 
 def test_copy_never_writes_into_an_object_the_sandbox_did_not_make():
-    from agentrt.interpreter.sandbox import module_facade
-
-    copy = module_facade("copy")
+    copy = Sandbox().module_facade("copy")
     for function in (copy.copy, copy.deepcopy):
         with pytest.raises(TypeError, match="did not make"):
             function(_WritesIntoASingleton())
@@ -411,7 +440,7 @@ def test_dataclass_checks_inherited_fields_and_refuses_foreign_bases():
     """Field names from a base reach dataclasses' generated source too."""
     import dataclasses
 
-    from agentrt.interpreter.sandbox import SANDBOX_MODULE_NAME, module_facade
+    from agentrt.interpreter.sandbox import SANDBOX_MODULE_NAME
 
     crafted = dataclasses.field()
     crafted.name = "a,dict()['escaped:crafted']"
@@ -419,12 +448,11 @@ def test_dataclass_checks_inherited_fields_and_refuses_foreign_bases():
     base = type("Base", (), {"__module__": SANDBOX_MODULE_NAME,
                              "__dataclass_fields__": {crafted.name: crafted}})
     target = type("Target", (base,), {"__module__": SANDBOX_MODULE_NAME})
-    dataclass = module_facade("dataclasses").dataclass
+    sandbox = Sandbox()
+    dataclass = sandbox.module_facade("dataclasses").dataclass
     with pytest.raises(TypeError, match="was not defined in the sandbox"):
         dataclass(init=False)(target)
-    from agentrt.interpreter import sandbox
-
     for cls in (base, target):  # as if the sandbox had made them: the field itself is refused
-        sandbox._made_class(cls)
+        sandbox.context.made_class(cls)
     with pytest.raises(TypeError, match="not allowed in the sandbox"):
         dataclass(init=False)(target)

@@ -223,12 +223,16 @@ async def test_get_variable_errors_and_plain_conversion():
 
 async def test_namespace_summary():
     async with repl() as k:
-        await k.execute("import json\nclass Box:\n    pass\nb = Box()\nitems = list(range(100))")
+        await k.execute("import json\nclass Box:\n    pass\nb = Box()\nitems = list(range(100))\n"
+                        "def a_function_with_quite_a_long_name_indeed(): pass\ntext = 'x' * 70")
         summary = await k.namespace_summary()
         assert summary["json"].type_name == "module"
         assert summary["Box"].type_name == "type"
         assert summary["b"].type_name == "Box" and "0x" not in summary["b"].repr
-        assert summary["items"].type_name == "list" and summary["items"].repr.endswith("...]")
+        assert summary["items"].type_name == "list" and summary["items"].repr.endswith(" 5, ...]")
+        function = summary["a_function_with_quite_a_long_name_indeed"]
+        assert function.repr == "<function a_function_with_quite_a_long_name_indeed>"
+        assert summary["text"].repr == repr("x" * 70)  # 80 characters are kept
 
 
 async def test_fork_is_an_independent_copy():

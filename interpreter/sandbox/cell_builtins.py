@@ -1,0 +1,96 @@
+"""The only builtins a cell sees: a curated safe set, the guarded versions of the dangerous
+ones, the restricted ``__import__``, and the guard functions RestrictedPython's compiled code
+calls (``_getattr_``, ``_write_``, ...). Built per sandbox, bound to its context."""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Callable
+from typing import Any, Final
+
+from RestrictedPython.Guards import guarded_iter_unpack_sequence, guarded_unpack_sequence
+
+from agentrt.tools.errors import ToolError
+
+from .modules import guarded_import
+from .output import Printer, SandboxContext
+from .policy import (
+    SandboxType,
+    guarded_apply,
+    guarded_delattr,
+    guarded_getattr,
+    guarded_getitem,
+    guarded_hasattr,
+    guarded_inplacevar,
+    guarded_setattr,
+    guarded_write,
+)
+
+_SAFE_BUILTIN_NAMES = (
+    "abs", "all", "any", "ascii", "bin", "bool", "bytearray", "bytes", "callable", "chr",
+    "classmethod", "complex", "dict", "divmod", "enumerate", "filter", "float", "format",
+    "frozenset", "hash", "hex", "id", "int", "isinstance", "issubclass", "iter", "len",
+    "list", "map", "max", "min", "next", "object", "oct", "ord", "pow", "property", "range",
+    "repr", "reversed", "round", "set", "slice", "sorted", "staticmethod", "str", "sum",
+    "super", "tuple", "zip", "None", "True", "False", "Ellipsis", "NotImplemented",
+)
+
+_UNAVAILABLE_BUILTINS: Final = {
+    "open": "no file access", "input": "no interactive input", "eval": "no dynamic code",
+    "exec": "no dynamic code", "compile": "no dynamic code", "globals": "no namespace access",
+    "locals": "no namespace access", "vars": "no namespace access",
+    "breakpoint": "no debugger", "exit": "the cell cannot stop the interpreter",
+    "quit": "the cell cannot stop the interpreter", "memoryview": "no raw memory access",
+}
+
+
+def _unavailable(name: str, reason: str) -> Callable[..., Any]:
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise PermissionError(f"{name}() is not available in the sandbox ({reason})")
+    refuse.__name__ = refuse.__qualname__ = name
+    return refuse
+
+
+def _filtered_dir(namespace: dict[str, Any]) -> Callable[..., list[str]]:
+    def dir(*args: Any) -> list[str]:  # noqa: A001 - the sandbox's dir()
+        """``dir()`` listing public names only (the namespace's without an argument)."""
+        if len(args) > 1:
+            raise TypeError("dir() takes at most one argument")
+        names = builtins.dir(args[0]) if args else list(namespace)
+        return sorted(name for name in names if not name.startswith("_"))
+
+    return dir
+
+
+def make_builtins(context: SandboxContext) -> dict[str, Any]:
+    """The builtins dict for the sandbox namespace of ``context`` (without tools and answer
+    helpers)."""
+    table: dict[str, Any] = {name: getattr(builtins, name) for name in _SAFE_BUILTIN_NAMES}
+    for name, value in vars(builtins).items():
+        if isinstance(value, type) and issubclass(value, BaseException) and name[0] != "_":
+            table[name] = value
+    for name, reason in _UNAVAILABLE_BUILTINS.items():
+        table[name] = _unavailable(name, reason)
+    printer = Printer(context)
+    table.update({
+        "type": SandboxType,
+        "getattr": guarded_getattr,
+        "hasattr": guarded_hasattr,
+        "setattr": guarded_setattr,
+        "delattr": guarded_delattr,
+        "dir": _filtered_dir(context.namespace),
+        "ToolError": ToolError,
+        "__import__": guarded_import(context),
+        "__build_class__": context.build_class,
+        "__metaclass__": type,
+        "_getattr_": guarded_getattr,
+        "_getitem_": guarded_getitem,
+        "_getiter_": iter,
+        "_write_": guarded_write,
+        "_inplacevar_": guarded_inplacevar,
+        "_apply_": guarded_apply,
+        "_iter_unpack_sequence_": guarded_iter_unpack_sequence,
+        "_unpack_sequence_": guarded_unpack_sequence,
+        "_print_": lambda _getattr=None: printer,
+    })
+    return table

@@ -1,0 +1,488 @@
+"""The modules a cell may import, served as read-only facades.
+
+``import`` is limited to :data:`ALLOWED_MODULES` (pure computation). Each import returns a
+:class:`SandboxModule` holding only the module's public API (``__all__`` when defined), never
+submodules or mutable module state; functions whose results could hand out something real (the
+``type`` metaclass, modules, frames, ``ForwardRef``) have their results checked by
+:func:`sandbox_value`; and the functions that evaluate strings, look up attributes by name,
+generate source from names or write into their arguments are removed or replaced by vetted
+versions (the table in docs/sandbox.md). The vetted class factories record the classes they make
+in the sandbox's context (output.py), and ``copy`` is the sandbox's own instance of the module,
+whose reconstruction step is checked.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import enum
+import functools
+import importlib
+import importlib.util
+import keyword
+import pprint
+import types
+import typing
+from collections.abc import Callable, Mapping
+from typing import Any, Final
+
+from .output import SandboxContext
+from .policy import (
+    MISSING,
+    SANDBOX_MODULE_NAME,
+    SandboxType,
+    check_attribute_name,
+    defined_in_sandbox,
+    guarded_getattr,
+    guarded_write,
+    writable,
+)
+
+ALLOWED_MODULES = frozenset({
+    "base64", "binascii", "bisect", "cmath", "collections", "collections.abc", "copy", "csv",
+    "dataclasses", "datetime", "decimal", "difflib", "enum", "fractions", "functools",
+    "hashlib", "heapq", "html", "io", "itertools", "json", "math", "numbers", "operator",
+    "pprint", "random", "re", "statistics", "string", "textwrap", "time", "typing",
+    "unicodedata",
+})
+"""Modules ``import`` may load. All are pure computation; see docs/sandbox.md for why."""
+
+INTERNAL_IMPORTS = frozenset({"_strptime"})
+"""Modules the C code of allowed modules imports at call time through the ``__import__`` of the
+calling frame, which is the cell's (``datetime.strptime`` imports ``_strptime``): imported for
+that code, never handed to the cell."""
+
+
+# --------------------------------------------------------------------------- vetted functions
+
+def _safe_attrgetter(*names: str) -> Callable[[Any], Any]:
+    for name in names:
+        for part in str(name).split("."):
+            check_attribute_name(None, part)
+
+    def resolve(obj: Any, dotted: str) -> Any:
+        for part in dotted.split("."):
+            obj = guarded_getattr(obj, part)
+        return obj
+
+    if len(names) == 1:
+        return lambda obj: resolve(obj, names[0])
+    return lambda obj: tuple(resolve(obj, name) for name in names)
+
+
+def _safe_methodcaller(name: str, /, *args: Any, **kwargs: Any) -> Callable[[Any], Any]:
+    check_attribute_name(None, name)
+    return lambda obj: guarded_getattr(obj, name)(*args, **kwargs)
+
+
+def check_field_names(names: Any, what: str, allowed: tuple[str, ...] = ()) -> None:
+    """Raise unless every name is a public identifier (class factories put names into
+    generated source or set them as attributes)."""
+    for name in names:
+        if name in allowed:
+            continue
+        if type(name) is not str or not name.isidentifier() or keyword.iskeyword(name) \
+                or name.startswith("_"):
+            raise TypeError(f"{what}: {name!r} is not allowed in the sandbox (names must be "
+                            "identifiers that do not start with '_')")
+
+
+def _safe_update_wrapper(wrapper: Any, wrapped: Any,
+                         assigned: Any = functools.WRAPPER_ASSIGNMENTS,
+                         updated: Any = functools.WRAPPER_UPDATES) -> Any:
+    """``functools.update_wrapper`` onto a function or instance defined in the sandbox,
+    copying only strings, public annotations and public attributes."""
+    if (tuple(assigned), tuple(updated)) != (functools.WRAPPER_ASSIGNMENTS,
+                                             functools.WRAPPER_UPDATES):
+        raise ValueError("custom 'assigned'/'updated' attributes are not supported in the sandbox")
+    if isinstance(wrapper, type) or not defined_in_sandbox(wrapper):
+        raise TypeError("functools.update_wrapper: the wrapper must be a function or an "
+                        "instance defined in the sandbox")
+    for name in ("__module__", "__name__", "__qualname__", "__doc__"):
+        value = getattr(wrapped, name, None)
+        if type(value) is str or (name == "__doc__" and value is None):
+            setattr(wrapper, name, value)
+    annotations = getattr(wrapped, "__annotations__", None)
+    if isinstance(annotations, dict):
+        check_field_names(list(annotations), "functools.update_wrapper", allowed=("return",))
+        wrapper.__annotations__ = dict(annotations)
+    extra = getattr(wrapped, "__dict__", None)
+    if isinstance(extra, dict):
+        for name, value in list(extra.items()):
+            if type(name) is str and name.isidentifier() and not name.startswith("_"):
+                setattr(wrapper, name, value)
+    wrapper.__wrapped__ = wrapped
+    return wrapper
+
+
+def _safe_wraps(wrapped: Any, assigned: Any = functools.WRAPPER_ASSIGNMENTS,
+                updated: Any = functools.WRAPPER_UPDATES) -> Callable[[Any], Any]:
+    return lambda wrapper: _safe_update_wrapper(wrapper, wrapped, assigned, updated)
+
+
+def _writing_to_argument(function: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap a decorator that sets attributes on its argument: only on sandbox objects."""
+
+    @functools.wraps(function)
+    def decorate(target: Any, *args: Any, **kwargs: Any) -> Any:
+        return function(guarded_write(target), *args, **kwargs)
+
+    return decorate
+
+
+_NEUTRAL_BASES = frozenset({object, typing.Generic})
+
+
+def _check_dataclass_fields(target: type, context: SandboxContext) -> None:
+    """Raise unless every class ``target`` derives from was made by the sandbox and every
+    field ``dataclass`` would read (its own annotations, every base's dataclass fields) has a
+    public identifier for a name: dataclasses writes source code from them."""
+    for cls in target.__mro__:
+        if cls in _NEUTRAL_BASES or cls.__module__ == "builtins":
+            continue  # carry no dataclass fields
+        if cls not in context.made_classes:
+            raise TypeError(f"dataclass(): {cls.__qualname__!r} was not defined in the sandbox")
+        namespace = type.__dict__["__dict__"].__get__(cls)
+        annotations = namespace.get("__annotations__", {})
+        fields = namespace.get("__dataclass_fields__", {})
+        if type(annotations) is not dict or type(fields) is not dict:
+            raise TypeError(f"dataclass(): {cls.__qualname__!r} has crafted annotations")
+        check_field_names(dict.keys(annotations), "dataclass field")
+        for key, field in dict.items(fields):
+            if type(field) is not dataclasses.Field or field.name != key:
+                raise TypeError(f"dataclass(): {cls.__qualname__!r} has crafted fields")
+            check_field_names([key], "dataclass field")
+
+
+def _safe_dataclass(context: SandboxContext) -> Callable[..., Any]:
+    """``dataclasses.dataclass`` for classes made by the sandbox (bases included) whose fields,
+    inherited ones too, have public identifiers for names."""
+
+    def dataclass(cls: Any = None, /, **options: Any) -> Any:
+        def wrap(target: Any) -> Any:
+            if not isinstance(target, type):
+                raise TypeError("dataclass() applies only to classes defined in the sandbox")
+            _check_dataclass_fields(target, context)
+            return context.made_class(dataclasses.dataclass(target, **options))
+
+        return wrap if cls is None else wrap(cls)
+
+    return dataclass
+
+
+class _CheckedReconstruct:
+    """``copy``'s reconstruction step, refusing what only an attack needs: a reduction that
+    rebuilds a class, module or function, state that sets dunder attributes, and writes (state,
+    items) into an object the sandbox did not make, unless it is a new copy of the very object
+    being copied (a stdlib object's own reduction)."""
+
+    def __init__(self, real: Callable[..., Any]) -> None:
+        self.real = real
+
+    def __call__(self, x: Any, memo: Any, func: Any, args: Any, state: Any = None,
+                 listiter: Any = None, dictiter: Any = None, *rest: Any, **kwargs: Any) -> Any:
+        if isinstance(state, tuple) and len(state) == 2 and isinstance(state[1], dict):
+            for key in state[1]:
+                if type(key) is not str or (key.startswith("__") and key.endswith("__")):
+                    raise TypeError(f"copy: refusing to set attribute {key!r} in the sandbox")
+        writes = state is not None or listiter is not None or dictiter is not None
+
+        def build(*build_args: Any, **build_kwargs: Any) -> Any:
+            made = func(*build_args, **build_kwargs)
+            if isinstance(made, (type, types.ModuleType, types.FunctionType,
+                                 types.BuiltinFunctionType, types.MethodType)):
+                raise TypeError("copy: this object's reduction rebuilds a class, module or "
+                                "function, which the sandbox refuses")
+            fresh_copy = type(made) is type(x) and made is not x
+            if writes and not fresh_copy and not writable(made):
+                raise TypeError(f"copy: this object's reduction writes into a "
+                                f"{type(made).__name__!r} object the sandbox did not make")
+            return made
+
+        return self.real(x, memo, build, args, state, listiter, dictiter, *rest, **kwargs)
+
+
+def _own_copy_module() -> types.ModuleType:
+    """A private instance of the ``copy`` module (not the one in ``sys.modules``) whose
+    reconstruction step is :class:`_CheckedReconstruct`: the sandbox's ``copy``."""
+    spec = importlib.util.find_spec("copy")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module._reconstruct = _CheckedReconstruct(module._reconstruct)  # type: ignore[attr-defined]
+    return module
+
+
+_COPY = _own_copy_module()
+
+
+def _fields_as(factory_name: str, pairs: bool) -> Callable[..., Any]:
+    """``dataclasses.asdict`` (``pairs``) or ``astuple``, copying leaf values with the
+    sandbox's own ``copy.deepcopy``."""
+
+    def convert(obj: Any, factory: Callable[[list[Any]], Any]) -> Any:
+        if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+            values = [(field.name, convert(getattr(obj, field.name), factory))
+                      for field in dataclasses.fields(obj)]
+            return factory(values if pairs else [value for _, value in values])
+        if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # a named tuple
+            return type(obj)(*[convert(value, factory) for value in obj])
+        if isinstance(obj, (list, tuple)):
+            return type(obj)(convert(value, factory) for value in obj)
+        if isinstance(obj, dict):
+            return type(obj)((convert(key, factory), convert(value, factory))
+                             for key, value in obj.items())
+        return _COPY.deepcopy(obj)
+
+    def fields_as(obj: Any, **options: Any) -> Any:
+        factory = options.pop(factory_name, dict if pairs else tuple)
+        if options:
+            raise TypeError(f"unexpected arguments: {', '.join(options)}")
+        if not dataclasses.is_dataclass(obj) or isinstance(obj, type):
+            raise TypeError(f"{'asdict' if pairs else 'astuple'}() should be called on "
+                            "dataclass instances")
+        return convert(obj, factory)
+
+    fields_as.__name__ = fields_as.__qualname__ = "asdict" if pairs else "astuple"
+    return fields_as
+
+
+def _safe_namedtuple(context: SandboxContext) -> Callable[..., type]:
+    def namedtuple(typename: str, field_names: Any, *, rename: bool = False,
+                   defaults: Any = None, module: Any = None) -> type:
+        """``collections.namedtuple``, always owned by the sandbox (no ``module=``)."""
+        if module is not None:
+            raise ValueError("namedtuple(module=...) is not supported in the sandbox")
+        return context.made_class(collections.namedtuple(
+            typename, field_names, rename=rename, defaults=defaults,
+            module=SANDBOX_MODULE_NAME))
+
+    return namedtuple
+
+
+def _member_names(names: Any) -> tuple[Any, list[Any]]:
+    """A stable copy of an Enum functional-API ``names`` argument and the names in it."""
+    if isinstance(names, str):
+        return names, names.replace(",", " ").split()
+    if isinstance(names, Mapping):
+        names = dict(names)
+        return names, list(names)
+    names = list(names)
+    return names, [item if isinstance(item, str) else tuple(item)[0] for item in names]
+
+
+def _sandbox_enum(base: type, context: SandboxContext) -> type:
+    """A subclass of enum class ``base`` whose functional API (``Enum('E', names)``)
+    refuses private and dunder names, which would become arbitrary class attributes."""
+
+    def create(cls: Any, class_name: Any, names: Any, **options: Any) -> Any:
+        names, keys = _member_names(names)
+        check_field_names(keys, "Enum member name")
+        if options.get("module") is None:
+            options["module"] = SANDBOX_MODULE_NAME
+        return context.made_class(real_create.__func__(cls, class_name, names, **options))
+
+    real_create = base._create_
+    safe = types.new_class(base.__name__, (base,), exec_body=lambda ns: ns.update(
+        {"__module__": base.__module__, "__qualname__": base.__qualname__}))
+    safe._create_ = classmethod(create)
+    return safe
+
+
+def _safe_dataclass_transform(**options: Any) -> Callable[[Any], Any]:
+    """``typing.dataclass_transform``: its decorator marks only objects the sandbox made."""
+    return _writing_to_argument(typing.dataclass_transform(**options))
+
+
+def _reveal_type(context: SandboxContext) -> Callable[[Any], Any]:
+    def reveal_type(obj: Any, /) -> Any:
+        """``typing.reveal_type``, printing to the cell's output instead of stderr."""
+        context.write(f"Runtime type is {type(obj).__name__!r}\n")
+        return obj
+
+    return reveal_type
+
+
+def _sandbox_pprint(context: SandboxContext) -> Callable[..., None]:
+    def pprint_to_output(obj: Any, *args: Any, **kwargs: Any) -> None:
+        """``pprint.pprint``, printing to the cell's output."""
+        kwargs.pop("stream", None)
+        context.write(pprint.pformat(obj, *args, **kwargs) + "\n")
+
+    return pprint_to_output
+
+
+# --------------------------------------------------------------------------- facades
+
+@dataclasses.dataclass(frozen=True)
+class _ModuleRule:
+    only: tuple[str, ...] = ()
+    deny: frozenset[str] = frozenset()
+    replace: Callable[[SandboxContext], Mapping[str, Any]] | None = None
+    """The replaced and added attributes (for this sandbox's context)."""
+    plain_results: bool = False
+    """Its functions return only numbers, strings and containers of what they were given, so
+    their results need no check (kept fast and identical: the shadow knows ``json.dumps``)."""
+    source: types.ModuleType | None = None
+    """The module the facade shows, if not the one in ``sys.modules``."""
+
+    def replacements(self, context: SandboxContext) -> Mapping[str, Any]:
+        return self.replace(context) if self.replace is not None else {}
+
+
+_ENUM_CLASSES = ("Enum", "IntEnum", "Flag", "IntFlag", "StrEnum")
+
+_MODULE_RULES: Final[dict[str, _ModuleRule]] = {
+    "typing": _ModuleRule(
+        deny=frozenset({"get_type_hints", "ForwardRef"}),  # both eval strings
+        replace=lambda context: {
+            "reveal_type": _reveal_type(context),
+            "dataclass_transform": _safe_dataclass_transform,
+            **{name: _writing_to_argument(getattr(typing, name))
+               for name in ("final", "no_type_check", "runtime_checkable")}}),
+    "json": _ModuleRule(plain_results=True),
+    "math": _ModuleRule(plain_results=True),
+    "cmath": _ModuleRule(plain_results=True),
+    "functools": _ModuleRule(
+        deny=frozenset({"singledispatch", "singledispatchmethod"}),  # register() evals hints
+        replace=lambda context: {
+            "update_wrapper": _safe_update_wrapper, "wraps": _safe_wraps,
+            "total_ordering": _writing_to_argument(functools.total_ordering)}),
+    "copy": _ModuleRule(source=_COPY, plain_results=True),  # copies of what it was given
+    "operator": _ModuleRule(
+        replace=lambda context: {"attrgetter": _safe_attrgetter,
+                                 "methodcaller": _safe_methodcaller}),
+    "string": _ModuleRule(deny=frozenset({"Formatter"})),
+    "collections": _ModuleRule(deny=frozenset({"UserString"}),  # .format() is raw str.format
+                               replace=lambda context: {"namedtuple": _safe_namedtuple(context)}),
+    "enum": _ModuleRule(deny=frozenset({"global_enum", "global_enum_repr", "global_flag_repr",
+                                        "global_str", "EnumMeta", "EnumType", "ReprEnum"}),
+                        replace=lambda context: {
+                            name: _sandbox_enum(getattr(enum, name), context)
+                            for name in _ENUM_CLASSES if hasattr(enum, name)}),
+    "dataclasses": _ModuleRule(
+        deny=frozenset({"make_dataclass"}),
+        replace=lambda context: {"dataclass": _safe_dataclass(context),
+                                 "asdict": _fields_as("dict_factory", pairs=True),
+                                 "astuple": _fields_as("tuple_factory", pairs=False)}),
+    "time": _ModuleRule(only=("sleep", "time", "time_ns", "monotonic", "monotonic_ns",
+                              "perf_counter", "perf_counter_ns", "gmtime", "localtime",
+                              "strftime", "mktime", "struct_time")),
+    "io": _ModuleRule(only=("StringIO", "BytesIO")),
+    "pprint": _ModuleRule(only=("pformat", "saferepr", "isreadable", "isrecursive"),
+                          replace=lambda context: {"pprint": _sandbox_pprint(context),
+                                                   "pp": _sandbox_pprint(context)}),
+    "html": _ModuleRule(only=("escape", "unescape")),
+}
+_MUTABLE_MODULE_VALUES = (types.ModuleType, dict, list, set, bytearray)
+_FUNCTION_TYPES = (types.FunctionType, types.BuiltinFunctionType, types.MethodType)
+_REFUSED_RESULTS = (types.ModuleType, types.FrameType, types.CodeType, types.TracebackType,
+                    typing.ForwardRef)
+
+
+def sandbox_value(value: Any, *, nested: bool = False) -> Any:
+    """What a facade function returned, as the sandbox may hold it: the real ``type`` and
+    other metaclasses become the sandbox's ``type``; modules, frames, code, tracebacks and
+    ``ForwardRef`` (which stdlib code evaluates) are refused; tuples, and lists inside them,
+    are mapped item by item."""
+    if isinstance(value, type):
+        return SandboxType if issubclass(value, type) else value
+    kind = type(value)
+    if kind is tuple or (nested and kind is list):
+        mapped = [sandbox_value(item, nested=True) for item in value]
+        return tuple(mapped) if kind is tuple else mapped
+    if isinstance(value, _REFUSED_RESULTS):
+        raise TypeError(f"this call returned a {kind.__name__} object, which the sandbox may "
+                        "not hold")
+    return value
+
+
+def _checked_results(function: Callable[..., Any]) -> Callable[..., Any]:
+    """``function`` with its results passed through :func:`sandbox_value`."""
+
+    @functools.wraps(function)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return sandbox_value(function(*args, **kwargs))
+
+    return call
+
+
+class SandboxModule:
+    """A read-only view of an allowed module: only its vetted public attributes."""
+
+    __slots__ = ("_name", "_attributes")
+
+    def __init__(self, name: str, attributes: dict[str, Any]) -> None:
+        object.__setattr__(self, "_name", name)
+        object.__setattr__(self, "_attributes", attributes)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self._attributes[name]
+        except KeyError:
+            raise AttributeError(
+                f"module {self._name!r} has no attribute {name!r} in the sandbox") from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise TypeError(f"module {self._name!r} is read-only in the sandbox")
+
+    __delattr__ = __setattr__  # type: ignore[assignment]
+
+    def __dir__(self) -> list[str]:
+        return sorted(self._attributes)
+
+    def __repr__(self) -> str:
+        return f"<module {self._name!r} (sandbox)>"
+
+
+def module_facade(context: SandboxContext, name: str) -> SandboxModule:
+    """The sandbox view of allowed module ``name`` (built once per sandbox)."""
+    facade = context.facades.get(name)
+    if facade is not None:
+        return facade
+    if name not in ALLOWED_MODULES:
+        raise ImportError(f"module {name!r} is not available in the sandbox")
+    rule = _MODULE_RULES.get(name, _ModuleRule())
+    module = rule.source or importlib.import_module(name)
+    names = rule.only or getattr(module, "__all__", None) or list(vars(module))
+    attributes: dict[str, Any] = {}
+    for attr in names:
+        if attr.startswith("_") or attr in rule.deny:
+            continue
+        value = getattr(module, attr, MISSING)
+        if value is MISSING or isinstance(value, _MUTABLE_MODULE_VALUES):
+            continue
+        if isinstance(value, _FUNCTION_TYPES) and not rule.plain_results:
+            value = _checked_results(value)
+        attributes[attr] = value
+    attributes.update(rule.replacements(context))
+    prefix = name + "."
+    for submodule in ALLOWED_MODULES:
+        if submodule.startswith(prefix) and "." not in submodule[len(prefix):]:
+            attributes[submodule[len(prefix):]] = module_facade(context, submodule)
+    facade = context.facades[name] = SandboxModule(name, attributes)
+    return facade
+
+
+def guarded_import(context: SandboxContext) -> Callable[..., SandboxModule | None]:
+    """The sandbox's ``__import__``: limited to :data:`ALLOWED_MODULES`."""
+
+    def sandbox_import(name: str, globals: Any = None, locals: Any = None,
+                       fromlist: Any = (), level: int = 0) -> SandboxModule | None:
+        if level != 0:
+            raise ImportError("relative imports are not available in the sandbox")
+        if type(name) is str and name in INTERNAL_IMPORTS:
+            importlib.import_module(name)  # for the C code that asked: it reads sys.modules
+            return None
+        if type(name) is not str or name not in ALLOWED_MODULES:
+            allowed = ", ".join(sorted(ALLOWED_MODULES))
+            raise ImportError(
+                f"import of {name!r} is not allowed in the sandbox; allowed modules: {allowed}")
+        return module_facade(context, name if fromlist else name.partition(".")[0])
+
+    sandbox_import.__name__ = sandbox_import.__qualname__ = "__import__"
+    return sandbox_import
+
+
+__all__ = ["ALLOWED_MODULES", "INTERNAL_IMPORTS", "SandboxModule", "check_field_names",
+           "guarded_import", "module_facade", "sandbox_value"]
