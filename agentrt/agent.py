@@ -30,12 +30,11 @@ from . import prompts
 from .ledger import SpeculationBudget
 from .llm_tools import make_llm_tools
 from .results import BlockRecord, RunInterrupted, RunResult, RunStats, TurnRecord
-from .speculation import Speculator
+from .speculation import NoSpeculation, Speculator
 from .tool_calls import call_digests, traced_call
 from .trace import Event, Trace
 
 log = logging.getLogger(__name__)
-_FENCED = re.compile(r"^```[^\n]*\n.*?(?:^```[ \t]*$|\Z)", re.S | re.M)
 _TEXT_FINAL_VAR = re.compile(r"FINAL_VAR\(\s*['\"]?([A-Za-z_][A-Za-z_0-9]*)['\"]?\s*\)")
 _TEXT_FINAL = re.compile(r"FINAL\((.*)\)")
 
@@ -59,9 +58,11 @@ class Agent:
     the default system prompt only). ``sub_engine`` backs the built-in ``llm_query`` /
     ``llm_query_batched`` tools (default: the main engine); their requests go out at ``sub_sampling`` (default: priority
     ``SUB_QUERY_PRIORITY``, so that an engine serving the root and its sub-queries at once, such as
-    the native engine, keeps the root's stream going first). ``speculation`` runs the shadow interpreter, which starts speculatable tool calls
-    while the code is still streaming; answers are identical either way. ``budget`` bounds those
-    early calls. ``on_event`` sees every trace event as it happens (for live displays).
+    the native engine, keeps the root's stream going first). ``speculation`` runs the shadow
+    interpreter, which starts speculatable tool calls while the code is still streaming; answers
+    are identical either way. ``speculation_budget`` bounds those early calls (tokens are
+    drafted by the engine: see its own options). ``on_event`` sees every trace event as it
+    happens (for live displays).
     ``capture_namespace`` records the REPL's final variables in ``RunResult.namespace``.
     ``tool_timeout`` limits each call of a tool that sets no ``timeout`` of its own (seconds,
     ``math.inf`` for none; the built-in ``llm_query`` tools have none: their engine bounds them).
@@ -82,7 +83,7 @@ class Agent:
         builtin_tools: bool = True,
         repl_limits: ReplLimits | None = None,
         max_observation_chars: int = 4000,
-        budget: SpeculationBudget | None = None,
+        speculation_budget: SpeculationBudget | None = None,
         on_event: Callable[[Event], None] | None = None,
         capture_namespace: bool = False,
         tool_timeout: float = DEFAULT_TOOL_TIMEOUT_S,
@@ -107,7 +108,7 @@ class Agent:
         self.sampling = sampling or SamplingParams(max_tokens=1024)
         self.repl_limits = repl_limits or ReplLimits()
         self.max_observation_chars = max_observation_chars
-        self.budget = budget or SpeculationBudget()
+        self.speculation_budget = speculation_budget or SpeculationBudget()
         self.on_event = on_event
         self.capture_namespace = capture_namespace
 
@@ -274,23 +275,13 @@ class _Run:
         self.repl: Repl | None = None
         self.answer: Any = None
         self.finished = False
-        self.spec: Speculator | None = None
+        self.speculator: NoSpeculation = NoSpeculation()
         self.interrupted = False
         """Ctrl-C stopped the run (`Agent.run_sync`)."""
         self._call_ids = 0
         self._current_block: tuple[int, int] = (0, 0)
         self._repl_ready = anyio.Event()
         self._repl_error: BaseException | None = None
-
-    @contextlib.asynccontextmanager
-    async def _speculation(self, repl: Repl) -> AsyncIterator[None]:
-        if not self.agent.speculation:
-            yield
-            return
-        async with Speculator(repl, self.agent.registry, self.agent.budget, self.trace,
-                              self.stats, ready=self._repl_ready) as speculator:
-            self.spec = speculator
-            yield
 
     async def _hold_repl(self, repl: Repl, context: Any, release: anyio.Event) -> None:
         """Start the sandbox and bind ``context``, then keep it open until ``release`` (or this
@@ -342,10 +333,9 @@ class _Run:
 
     async def _serve_call(self, name: str, args: tuple, kwargs: dict, line: int | None) -> Any:
         turn, block = self._current_block
-        if self.spec is not None:
-            hit, value = await self.spec.claim(name, args, kwargs, block=block)
-            if hit:
-                return value
+        hit, value = await self.speculator.claim(name, args, kwargs, block=block)
+        if hit:
+            return value
         self._call_ids += 1
         return await traced_call(self.agent.registry, self.trace, self.stats, name, args, kwargs,
                                  call_id=self._call_ids, mode="sync", turn=turn, block=block,
@@ -366,12 +356,15 @@ class _Run:
             self.repl = repl
             # The sandbox starts while the model streams its first tokens, in a task that holds
             # it open for the run; the first block (and the first shadow) wait for it.
+            if agent.speculation:
+                self.speculator = Speculator(repl, agent.registry, agent.speculation_budget,
+                                             self.trace, self.stats, ready=self._repl_ready)
             release = anyio.Event()
             stopped: Exception | None = None
             async with anyio.create_task_group() as holder:
                 holder.start_soon(self._hold_repl, repl, context, release)
                 try:
-                    async with self._speculation(repl):
+                    async with self.speculator:
                         status, end, namespace = await self._converse()
                 except Exception as exc:  # raised below, outside the task group
                     stopped = exc
@@ -456,8 +449,7 @@ class _Run:
         segmenter = CodeStream()
         text: list[str] = []
         stream_error: _Failure | None = None
-        if self.spec is not None:
-            self.spec.start_turn(index)
+        self.speculator.start_turn(index)
 
         async def run_blocks() -> None:
             async with receive:
@@ -479,8 +471,7 @@ class _Run:
                         self._segment(turn, segmenter.finish(), send)
                     except _Failure as failure:  # the blocks already closed still run
                         stream_error = failure
-            if self.spec is not None:
-                await self.spec.end_turn()
+            await self.speculator.end_turn()
         finally:
             turn.response = "".join(text)
             turn.finished_s = self.trace.now()
@@ -489,7 +480,7 @@ class _Run:
         if stream_error is not None:
             raise stream_error
         if not self.finished:
-            await self._final_from_prose(turn)
+            await self._final_from_prose(turn, segmenter.prose)
         turn.observation = prompts.observation(
             [(b.stdout, b.error) for b in turn.blocks], self.agent.max_observation_chars
         )
@@ -530,8 +521,8 @@ class _Run:
             text.append(delta.text)
             self.trace.emit("delta", turn=turn.index, chars=len(delta.text), text=delta.text)
             self._segment(turn, segmenter.feed(delta.text), send)
-            if self.spec is not None and "\n" in delta.text and segmenter.in_block:
-                self.spec.open_block_grew(segmenter.open_tail)
+            if "\n" in delta.text and segmenter.in_block:
+                self.speculator.open_block_grew(segmenter.open_tail)
         if delta.finish_reason is not None:
             turn.finish_reason = delta.finish_reason
         if delta.usage is not None:
@@ -546,17 +537,15 @@ class _Run:
                     "statement_closed", turn=turn.index, block=ev.block_index,
                     stmt=ev.stmt_index, lineno=ev.lineno,
                 )
-                if self.spec is not None:
-                    self.spec.statement_closed(ev.block_index, ev.lineno, ev.end_lineno,
-                                               ev.source)
+                self.speculator.statement_closed(ev.block_index, ev.lineno, ev.end_lineno,
+                                                 ev.source)
             elif isinstance(ev, BlockClosed):
                 self.trace.emit(
                     "block_closed", turn=turn.index, block=ev.block_index, chars=len(ev.code),
                     unterminated=ev.unterminated,
                 )
                 send.send_nowait(ev)
-                if self.spec is not None:
-                    self.spec.block_closed(ev.block_index, ev.code)
+                self.speculator.block_closed(ev.block_index, ev.code, ev.broken)
 
     async def _run_block(self, turn: TurnRecord, block: BlockClosed) -> None:
         await self._repl_ready.wait()
@@ -568,8 +557,7 @@ class _Run:
         turn.blocks.append(record)
         self.trace.emit("exec_started", turn=turn.index, block=block.block_index)
         self._current_block = (turn.index, block.block_index)
-        if self.spec is not None:
-            self.spec.block_started(block.block_index)
+        self.speculator.block_started(block.block_index)
         try:
             result = await self._in_sandbox(f"turn {turn.index}, block {block.block_index}",
                                             lambda repl: repl.execute(block.code))
@@ -578,8 +566,7 @@ class _Run:
             self.trace.emit("exec_finished", turn=turn.index, block=block.block_index,
                             error=record.error, final=False)
             raise
-        if self.spec is not None:
-            self.spec.block_executed(block.block_index)
+        self.speculator.block_executed(block.block_index)
         record.stdout, record.error = result.stdout, result.error
         record.finished_s = self.trace.now()
         if result.final is not None:
@@ -590,9 +577,9 @@ class _Run:
             final=result.final is not None,
         )
 
-    async def _final_from_prose(self, turn: TurnRecord) -> None:
-        """Honour ``FINAL(...)`` / ``FINAL_VAR(name)`` written as text outside code blocks."""
-        prose = _FENCED.sub("", turn.response)
+    async def _final_from_prose(self, turn: TurnRecord, prose: str) -> None:
+        """Honour ``FINAL(...)`` / ``FINAL_VAR(name)`` written in the response's prose (the
+        segmenter's: outside code and other fenced blocks)."""
         match = _TEXT_FINAL_VAR.search(prose)
         if match:
             name = match.group(1)

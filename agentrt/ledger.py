@@ -1,10 +1,12 @@
-"""The speculation ledger: early tool calls keyed by (tool, canonical arguments).
+"""The speculation ledger: the early tool calls of one run, keyed by (tool, canonical arguments).
 
-The shadow interpreter *launches* early calls; the authoritative run *claims* them by key. A
-claim takes the oldest unclaimed call with that key (so N identical calls in the program are N
-invocations, matched in order, never one shared result) and waits for it; a claim that finds
-nothing is a miss and the caller invokes the tool itself. Early calls run under budgets; what is
-never claimed is cancelled at block or turn end and counted as wasted.
+Shadow runs *launch* early calls; the authoritative run *claims* them by key. A claim takes the
+oldest live, unclaimed call with that key from the same turn and epoch (so N identical calls in
+the program are N invocations, matched in order, never one shared result) and waits for it; a
+claim that finds nothing is a miss and the caller invokes the tool itself. The ledger owns every
+budget on early calls (`SpeculationBudget`) and every question asked about them: which calls a
+new shadow may adopt, which to cancel, which to settle once their block has executed. What a
+settled call counts as (wasted or retracted) is the speculator's decision.
 
 Results cross to the sandbox by pickling, so the authoritative run never sees an object that a
 shadow process touched.
@@ -12,8 +14,10 @@ shadow process touched.
 
 from __future__ import annotations
 
+import contextlib
 import pickle
-from collections.abc import Awaitable, Callable
+from collections import Counter
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +39,27 @@ class SpeculationBudget:
     """New early calls one shadow run may launch (a runaway loop in a half-written block)."""
 
 
+@dataclass(frozen=True)
+class Origin:
+    """Where an early call was launched from."""
+
+    turn: int
+    block: int
+    line: int | None
+    """Line within the block (None: unknown)."""
+    epoch: int
+    """Effectful calls the authoritative run had made when the shadow's code began."""
+    in_tail: bool
+    """Launched from the open tail (the statement still streaming)."""
+    shadow: int
+    """Which shadow run launched it (numbered from 1 in each run)."""
+
+    @property
+    def site(self) -> tuple[int, int, int | None]:
+        """The call site: (turn, block, line)."""
+        return self.turn, self.block, self.line
+
+
 @dataclass
 class EarlyCall:
     """One speculative invocation of a tool."""
@@ -45,15 +70,15 @@ class EarlyCall:
     args: tuple
     kwargs: dict
     arg_bytes: int
-    tag: Any = None
-    """Where the launch came from (the runtime uses ``(turn, block)``)."""
+    origin: Origin
     state: str = "queued"
     """queued -> running -> done; or cancelled at any point."""
     launched_s: float = 0.0
     started_s: float | None = None
     finished_s: float | None = None
     claimed_s: float | None = None
-    retracted: bool = False
+    settled: bool = False
+    """Counted once its block executed (or its turn ended) without being claimed."""
     result: Any = None
     error: BaseException | None = None
     done: anyio.Event = field(default_factory=anyio.Event)
@@ -62,6 +87,11 @@ class EarlyCall:
     @property
     def claimed(self) -> bool:
         return self.claimed_s is not None
+
+    @property
+    def live(self) -> bool:
+        """Not cancelled: it may still serve a claim."""
+        return self.state != "cancelled"
 
     def outcome(self) -> Any:
         """The call's result (a private copy), or raise its exception."""
@@ -74,52 +104,70 @@ Invoker = Callable[[EarlyCall], Awaitable[Any]]
 
 
 class Ledger:
-    """Early calls of one run. Use as ``async with Ledger(invoke, budget, clock) as ledger``."""
+    """Early calls of one run. Use as ``async with Ledger(invoke, budget, clock) as ledger``:
+    ``invoke(call)`` runs a call's tool, in a task group of the ledger's."""
 
     def __init__(self, invoke: Invoker, budget: SpeculationBudget, clock: Callable[[], float]):
         self._invoke = invoke
         self.budget = budget
         self._clock = clock
+        self._stack: contextlib.AsyncExitStack | None = None
         self._tg: TaskGroup | None = None
-        self.calls: list[EarlyCall] = []
+        self._calls: list[EarlyCall] = []
         self._queue: list[EarlyCall] = []
         self._running = 0
         self._running_bytes = 0
-        self.launched_this_turn = 0
-        self.refused = 0
+        self._launched_this_turn = 0
+        self._launched_by_shadow: Counter[int] = Counter()
 
-    async def __aenter__(self) -> "Ledger":
-        self._tg = anyio.create_task_group()
-        await self._tg.__aenter__()
+    async def __aenter__(self) -> Ledger:
+        async with contextlib.AsyncExitStack() as stack:
+            self._tg = await stack.enter_async_context(anyio.create_task_group())
+            self._stack = stack.pop_all()
         return self
 
     async def __aexit__(self, *exc: Any) -> bool | None:
-        assert self._tg is not None
-        self.cancel_where(lambda c: True)
+        assert self._tg is not None and self._stack is not None
+        self.cancel_unclaimed()
         self._tg.cancel_scope.cancel()  # claimed calls still running: the run is over
-        await self._tg.__aexit__(None, None, None)
+        await self._stack.aclose()
         return None  # an exception from the body propagates as it is
 
     # -- launching -----------------------------------------------------------------------
 
-    def launch(self, tool: str, key: str, args: tuple, kwargs: dict, tag: Any = None) -> EarlyCall | None:
-        """Start (or queue) an early call; ``None`` when the per-turn budget is spent."""
-        if self.launched_this_turn >= self.budget.max_per_turn:
-            self.refused += 1
+    def new_turn(self) -> None:
+        """Reset the per-turn and per-shadow budgets."""
+        self._launched_this_turn = 0
+        self._launched_by_shadow.clear()
+
+    def launch(self, tool: str, key: str, args: tuple, kwargs: dict,
+               origin: Origin) -> EarlyCall | None:
+        """Start (or queue, past the in-flight budgets) an early call; ``None`` when the turn's
+        or the shadow's budget is spent, or the arguments cannot be pickled."""
+        if self._launched_this_turn >= self.budget.max_per_turn \
+                or self._launched_by_shadow[origin.shadow] >= self.budget.max_per_shadow:
             return None
         try:
             arg_bytes = len(pickle.dumps((args, kwargs)))
         except Exception:
             return None
-        self.launched_this_turn += 1
+        self._launched_this_turn += 1
+        self._launched_by_shadow[origin.shadow] += 1
         call = EarlyCall(
-            id=len(self.calls) + 1, tool=tool, key=key, args=args, kwargs=kwargs,
-            arg_bytes=arg_bytes, tag=tag, launched_s=self._clock(),
+            id=len(self._calls) + 1, tool=tool, key=key, args=args, kwargs=kwargs,
+            arg_bytes=arg_bytes, origin=origin, launched_s=self._clock(),
         )
-        self.calls.append(call)
+        self._calls.append(call)
         self._queue.append(call)
         self._pump()
         return call
+
+    def adoptable(self, key: str, *, turn: int, from_block: int, epoch: int) -> list[EarlyCall]:
+        """The live calls with ``key`` launched in ``turn`` and ``epoch`` from block
+        ``from_block`` on, oldest first: what a new shadow of that code may adopt."""
+        return [call for call in self._calls
+                if call.key == key and call.live and call.origin.turn == turn
+                and call.origin.block >= from_block and call.origin.epoch == epoch]
 
     def _fits(self, call: EarlyCall) -> bool:
         if self._running == 0:
@@ -134,14 +182,24 @@ class Ledger:
         while self._queue and self._fits(self._queue[0]):
             self._start_now(self._queue[0])
 
+    def _start_now(self, call: EarlyCall) -> None:
+        """Take a queued call out of the queue and run it (budgets are the caller's concern)."""
+        assert self._tg is not None
+        self._queue.remove(call)
+        call.state = "running"
+        self._running += 1
+        self._running_bytes += call.arg_bytes
+        self._tg.start_soon(self._run, call)
+
     async def _run(self, call: EarlyCall) -> None:
-        call.started_s = self._clock()
-        with anyio.CancelScope() as scope:
-            call._scope = scope
-            try:
-                call.result = await self._invoke(call)
-            except Exception as exc:  # the tool's own failure: kept for the claimer
-                call.error = exc
+        if call.live:  # not cancelled before this task started
+            call.started_s = self._clock()
+            with anyio.CancelScope() as scope:
+                call._scope = scope
+                try:
+                    call.result = await self._invoke(call)
+                except Exception as exc:  # the tool's own failure: kept for the claimer
+                    call.error = exc
         self._running -= 1
         self._running_bytes -= call.arg_bytes
         if call.state == "running":
@@ -152,53 +210,50 @@ class Ledger:
 
     # -- claiming and ending -------------------------------------------------------------
 
-    def claim(self, key: str, accept: Callable[[EarlyCall], bool] | None = None
-              ) -> EarlyCall | None:
-        """The oldest live, unclaimed early call with ``key`` (and for which ``accept`` is true),
-        now claimed; ``None`` on a miss."""
-        for call in self.calls:
-            if call.key == key and not call.claimed and call.state != "cancelled" \
-                    and (accept is None or accept(call)):
+    def claim(self, key: str, *, turn: int, epoch: int) -> EarlyCall | None:
+        """The oldest live, unclaimed early call with ``key`` launched in ``turn`` and
+        ``epoch``, now claimed (started at once if it was queued); ``None`` on a miss."""
+        for call in self._calls:
+            if call.key == key and not call.claimed and call.live \
+                    and call.origin.turn == turn and call.origin.epoch == epoch:
                 call.claimed_s = self._clock()
                 if call in self._queue:  # claimed before it could start: start it now
                     self._start_now(call)
                 return call
         return None
 
-    def _start_now(self, call: EarlyCall) -> None:
-        """Take a queued call out of the queue and run it (budgets are the caller's concern)."""
-        assert self._tg is not None
-        self._queue.remove(call)
-        call.state = "running"
-        self._running += 1
-        self._running_bytes += call.arg_bytes
-        self._tg.start_soon(self._run, call)
-
-    def cancel(self, call: EarlyCall, *, retract: bool = False) -> bool:
-        """Cancel an unclaimed call; returns whether it was live."""
-        if call.claimed or call.state in ("cancelled", "done"):
-            if call.state == "done" and not call.claimed:
-                call.state = "cancelled"
-                call.retracted = retract
-                return True
+    def cancel(self, call: EarlyCall) -> bool:
+        """Cancel an unclaimed call (stop it if it runs); returns whether it was live."""
+        if call.claimed or not call.live:
             return False
         if call in self._queue:
             self._queue.remove(call)
-        elif call._scope is not None:
+        elif call.state == "running" and call._scope is not None:
             call._scope.cancel()
+        if call.state != "done":
+            call.finished_s = self._clock()
         call.state = "cancelled"
-        call.retracted = retract
-        call.finished_s = self._clock()
         call.done.set()
         return True
 
-    def cancel_where(self, predicate: Callable[[EarlyCall], bool]) -> int:
-        """Cancel every unclaimed live call matching ``predicate``; return how many."""
-        return sum(self.cancel(c) for c in list(self.calls) if predicate(c))
+    def cancel_unclaimed(self, *, turn: int | None = None, from_block: int = 0,
+                         keep: Collection[EarlyCall] = ()) -> int:
+        """Cancel every live unclaimed call (of ``turn``, from block ``from_block`` on, if
+        ``turn`` is given) except those in ``keep``; returns how many."""
+        kept = {id(call) for call in keep}
+        return sum(self.cancel(call) for call in list(self._calls)
+                   if (turn is None or call.origin.turn == turn
+                       and call.origin.block >= from_block) and id(call) not in kept)
 
-    def new_turn(self) -> None:
-        self.launched_this_turn = 0
-
-    @property
-    def in_flight(self) -> int:
-        return self._running
+    def settle(self, *, turn: int | None = None, block: int | None = None) -> list[EarlyCall]:
+        """Cancel and return, once each, the unclaimed calls (of ``turn`` and ``block`` when
+        given) that have not been settled yet: what the authoritative run did not use."""
+        settled = []
+        for call in self._calls:
+            if call.claimed or call.settled or turn is not None and call.origin.turn != turn \
+                    or block is not None and call.origin.block != block:
+                continue
+            self.cancel(call)
+            call.settled = True
+            settled.append(call)
+        return settled

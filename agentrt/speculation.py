@@ -1,8 +1,10 @@
 """Tool speculation: drive shadow runs while code streams, serve the authoritative run's claims.
 
 `Speculator` is the one owner of speculation's rules: it launches early calls, adopts them across
-shadow runs, serves claims, retracts, applies the budgets and keeps the counters
-(``launched == hits + wasted + retracted``).
+shadow runs, serves claims, retracts and keeps the counters (``launched == hits + wasted +
+retracted``); the `Ledger` holds the early calls, answers its questions about them and applies
+the budgets. `NoSpeculation` stands in for it in a sequential run (every claim misses). Here
+*speculation* always means tool calls; the engine *drafts* tokens.
 
 While a response streams it keeps one *shadow* process running the code the model has written so
 far and not yet executed for real: the closed blocks of this turn whose authoritative execution
@@ -54,6 +56,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
+import anyio.abc
 
 from agentrt.interpreter.frames import (
     EarlyFailed,
@@ -66,11 +69,11 @@ from agentrt.interpreter.frames import (
     ShadowDone,
     ShadowMessage,
 )
+from agentrt.interpreter.repair import TailRepair
 from agentrt.interpreter.repl import Repl, ReplError, ReplMessages, ReplSession
-from agentrt.interpreter.repair import repair_tail
 from agentrt.tools import ToolRegistry
 
-from .ledger import EarlyCall, Ledger, SpeculationBudget
+from .ledger import EarlyCall, Ledger, Origin, SpeculationBudget
 from .results import RunStats
 from .tool_calls import traced_call
 from .trace import Trace
@@ -86,21 +89,6 @@ MAX_SHADOW_MESSAGES = 1024
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class Origin:
-    """Where an early call was launched from (the ledger's ``tag``)."""
-
-    turn: int
-    block: int
-    line: int | None
-    epoch: int
-    in_tail: bool
-
-    @property
-    def site(self) -> tuple[int, int, int | None]:
-        return self.turn, self.block, self.line
-
-
 @dataclass
 class _BlockCode:
     """One block of the turn as the segmenter reported it."""
@@ -112,19 +100,14 @@ class _BlockCode:
     """Closed with code the segmenter could not split (the real cell is a syntax error)."""
     lines: int = 0
 
-    def close(self, code: str) -> None:
-        self.closed = True
-        self.lines = code.count("\n") + (0 if code.endswith("\n") or not code else 1)
-        last = self.statements[-1][1] if self.statements else 0
-        rest = code.splitlines()[last:]
-        self.broken = any(line.strip() and not line.lstrip().startswith("#") for line in rest)
-
 
 @dataclass
 class _Shadow:
     """One shadow process and what it has launched or adopted."""
 
     handle: ReplSession
+    number: int
+    """Which shadow run of the run this is (from 1)."""
     turn: int
     epoch: int
     layout: list[tuple[int, int]]
@@ -136,7 +119,6 @@ class _Shadow:
     block_occurrences: Counter = field(default_factory=Counter)
     tail_keys: set = field(default_factory=set)
     tail_stalled: bool = False
-    launched: int = 0
     messages: int = 0
 
     @property
@@ -157,8 +139,47 @@ class _Shadow:
         return self.tail_line is not None and lineno is not None and lineno >= self.tail_line
 
 
-class Speculator:
-    """Shadow runs and early calls for one agent run; use as an async context manager."""
+class NoSpeculation:
+    """The sequential run's speculator: it ignores what the agent loop reports and every claim
+    misses, so the loop reports the same way with speculation on or off."""
+
+    async def __aenter__(self) -> NoSpeculation:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        return None
+
+    def start_turn(self, turn: int) -> None:
+        """A turn starts (turns are numbered from 0)."""
+
+    def statement_closed(self, block: int, lineno: int, end_lineno: int, source: str) -> None:
+        """The segmenter closed a top-level statement (lines ``lineno..end_lineno`` of ``block``)."""
+
+    def block_closed(self, block: int, code: str, broken: bool = False) -> None:
+        """Block ``block`` (numbered from 0 in each turn) closed with ``code`` (``broken``: the
+        segmenter could not split all of it into statements)."""
+
+    def open_block_grew(self, tail: str) -> None:
+        """The open block's text after its last closed statement is now ``tail``."""
+
+    def block_started(self, block: int) -> None:
+        """The authoritative run starts executing block ``block``."""
+
+    def block_executed(self, block: int) -> None:
+        """The authoritative run finished block ``block``."""
+
+    async def end_turn(self) -> None:
+        """The turn is over (its blocks executed, or the stream died)."""
+
+    async def claim(self, name: str, args: tuple, kwargs: dict,
+                    block: int | None = None) -> tuple[bool, Any]:
+        """``(True, result)`` when an early call serves this call; here always a miss."""
+        return False, None
+
+
+class Speculator(NoSpeculation):
+    """Shadow runs and early calls for one agent run; use as an async context manager. The
+    agent loop reports to it as to `NoSpeculation`."""
 
     def __init__(self, repl: Repl, registry: ToolRegistry, budget: SpeculationBudget,
                  trace: Trace, stats: RunStats, ready: anyio.Event | None = None) -> None:
@@ -170,6 +191,7 @@ class Speculator:
         self.stats = stats
         self.ledger = Ledger(self._invoke_early, budget, trace.now)
         self.speculatable = frozenset(t.name for t in registry if t.speculate)
+        self._stack: contextlib.AsyncExitStack | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         self._messages: ReplMessages | None = None
         """The REPL's stream of shadow messages, followed by a task of ``_tg``."""
@@ -180,31 +202,33 @@ class Speculator:
         """This turn's blocks (the last one may still be open), as the segmenter closed them."""
         self._executed = 0
         self._tail = ""
+        self._repair = TailRepair()
         self._shadowed_code = ""
+        self._shadows = 0
         self._claims = 0
         self._effects = 0
         self._running_block_epoch: int | None = None
         self._asked: dict[tuple[int, int], Counter] = {}
-        self._counted: set[int] = set()
 
-    async def __aenter__(self) -> "Speculator":
-        self._messages = self.repl.messages()
-        await self.ledger.__aenter__()
-        self._tg = anyio.create_task_group()
-        await self._tg.__aenter__()
-        self._tg.start_soon(self._drive)
-        self._tg.start_soon(self._follow_messages, self._messages)
+    async def __aenter__(self) -> Speculator:
+        async with contextlib.AsyncExitStack() as stack:
+            self._messages = self.repl.messages()
+            stack.callback(self._messages.close)
+            await stack.enter_async_context(self.ledger)
+            self._tg = await stack.enter_async_context(anyio.create_task_group())
+            self._tg.start_soon(self._drive)
+            self._tg.start_soon(self._follow_messages, self._messages)
+            self._stack = stack.pop_all()
         return self
 
-    async def __aexit__(self, *exc: Any) -> bool | None:
-        assert self._tg is not None
+    async def __aexit__(self, *exc: Any) -> None:
+        assert self._tg is not None and self._stack is not None
         assert self._messages is not None
         self._messages.close()
-        self._settle(lambda c: True)
+        self._settle()
         await self._kill_shadow()
         self._tg.cancel_scope.cancel()
-        await self._tg.__aexit__(None, None, None)
-        return await self.ledger.__aexit__(None, None, None)
+        await self._stack.aclose()
 
     # -- what the agent loop reports -------------------------------------------------------------
 
@@ -221,11 +245,14 @@ class Speculator:
         self._tail = ""
         self._dirty.set()
 
-    def block_closed(self, block: int, code: str) -> None:
-        """Block ``block`` (numbered from 0 in each turn) closed with ``code``."""
+    def block_closed(self, block: int, code: str, broken: bool = False) -> None:
+        """Block ``block`` (numbered from 0 in each turn) closed with ``code`` (``broken``: the
+        segmenter could not split all of it into statements)."""
         while len(self._blocks) <= block:
             self._blocks.append(_BlockCode())
-        self._blocks[block].close(code)
+        closed = self._blocks[block]
+        closed.closed, closed.broken = True, broken
+        closed.lines = code.count("\n") + (0 if code.endswith("\n") or not code else 1)
         self._tail = ""
         self._dirty.set()
 
@@ -243,11 +270,12 @@ class Speculator:
         """The authoritative run finished block ``block``: its unclaimed calls are settled."""
         self._executed = block + 1
         self._running_block_epoch = None
-        self._settle(lambda c: (c.tag.turn, c.tag.block) == (self._turn, block))
+        self._settle(turn=self._turn, block=block)
         self._dirty.set()
 
     async def end_turn(self) -> None:
-        self._settle(lambda c: True)
+        """The turn is over: its unclaimed calls are settled and its shadow killed."""
+        self._settle()
         await self._kill_shadow()
         self._shadowed_code = ""
 
@@ -273,16 +301,13 @@ class Speculator:
             return False, None  # let the plain call raise the same validation error
         if block is not None:
             self._asked.setdefault((self._turn, block), Counter())[key] += 1
-        epoch = self._effects
-        call = self.ledger.claim(key, accept=lambda c: c.tag.epoch == epoch
-                                 and c.tag.turn == self._turn)
+        call = self.ledger.claim(key, turn=self._turn, epoch=self._effects)
         self.trace.emit("spec_claim", seq=seq, tool=name,
                         early_id=call.id if call is not None else None)
         if call is None:
             self.stats.misses += 1
             return False, None
         self.stats.hits += 1
-        self._counted.add(call.id)
         await call.done.wait()
         if call.started_s is not None:
             end = call.finished_s if call.finished_s is not None else call.claimed_s
@@ -293,9 +318,7 @@ class Speculator:
         """An effectful call is about to run: nothing launched before it may serve after it."""
         self._effects += 1
         self.trace.emit("spec_effect", turn=self._turn, epoch=self._effects)
-        for call in list(self.ledger.calls):
-            if not call.claimed:
-                self.ledger.cancel(call)
+        self.ledger.cancel_unclaimed()
         await self._kill_shadow()
         self._shadowed_code = ""
 
@@ -305,14 +328,11 @@ class Speculator:
         return await traced_call(self.registry, self.trace, self.stats, call.tool, call.args,
                                  call.kwargs, call_id=call.id, mode="early")
 
-    def _settle(self, predicate) -> None:
-        """Cancel and count every unclaimed early call matching ``predicate`` (once each)."""
-        for call in list(self.ledger.calls):
-            if call.id in self._counted or call.claimed or not predicate(call):
-                continue
-            self.ledger.cancel(call)
-            self._counted.add(call.id)
-            asked = self._asked.get((call.tag.turn, call.tag.block), Counter())
+    def _settle(self, *, turn: int | None = None, block: int | None = None) -> None:
+        """Count the unclaimed early calls (of ``turn`` and ``block``, if given) once each:
+        wasted if the authoritative run made that call in their block, else retracted."""
+        for call in self.ledger.settle(turn=turn, block=block):
+            asked = self._asked.get((call.origin.turn, call.origin.block), Counter())
             reason = "wasted" if asked[call.key] else "retracted"
             if reason == "wasted":
                 self.stats.wasted += 1
@@ -344,7 +364,7 @@ class Speculator:
                            for lineno, _, source in block.statements]
             if not block.closed:
                 end = block.statements[-1][1] if block.statements else 0
-                repaired = repair_tail(self._tail) if self._tail.strip() else None
+                repaired = self._repair(self._tail) if self._tail.strip() else None
                 if repaired:
                     tail_line = first + end
                     statements.append((index, tail_line, repaired))
@@ -392,7 +412,8 @@ class Speculator:
             self._shadowed_code = ""
             self._dirty.set()
             return
-        shadow = _Shadow(handle, self._turn, epoch, layout, tail_line)
+        self._shadows += 1
+        shadow = _Shadow(handle, self._shadows, self._turn, epoch, layout, tail_line)
         self._shadow = shadow
         lines = sum(source.count("\n") for _, _, source in statements)
         self.trace.emit("spec_peek", turn=self._turn, lines=lines)
@@ -459,26 +480,23 @@ class Speculator:
         except Exception:
             return None
         block, line = shadow.block_of(lineno)
-        origin = Origin(self._turn, block, line, shadow.epoch, shadow.in_tail(lineno))
+        origin = Origin(self._turn, block, line, shadow.epoch, shadow.in_tail(lineno),
+                        shadow.number)
         if origin.in_tail and not self._tail_allows(shadow, origin, key, deps):
             return None
         shadow.occurrences[key] += 1
         shadow.block_occurrences[block, key] += 1
         n = shadow.occurrences[key]
-        same = [c for c in self.ledger.calls
-                if c.key == key and c.tag.turn == self._turn and c.tag.block >= shadow.first_block
-                and c.tag.epoch == shadow.epoch and c.state != "cancelled"]
+        same = self.ledger.adoptable(key, turn=self._turn, from_block=shadow.first_block,
+                                     epoch=shadow.epoch)
         if n <= len(same):
             return same[n - 1]
         asked = self._asked.get((self._turn, block), Counter())[key]
         if asked >= shadow.block_occurrences[block, key]:
             return None  # the authoritative run has already made this call: too late
-        if shadow.launched >= self.ledger.budget.max_per_shadow:
-            return None
-        call = self.ledger.launch(name, key, args, kwargs, tag=origin)
+        call = self.ledger.launch(name, key, args, kwargs, origin)
         if call is None:
-            return None
-        shadow.launched += 1
+            return None  # a budget is spent
         self.stats.launched += 1
         self.trace.emit("spec_launch", early_id=call.id, tool=name, turn=self._turn, block=block,
                         lineno=line, deps=sorted({d.id for d in deps}))
@@ -493,10 +511,10 @@ class Speculator:
             shadow.tail_stalled = True  # the loop made no progress: stop launching from the tail
             return False
         shadow.tail_keys.add((origin.site, key))
-        if not any(d.tag.site == origin.site for d in deps):
+        if not any(d.origin.site == origin.site for d in deps):
             return True  # does not wait for this site's earlier results: a parallel loop
         unclaimed = sum(1 for c in shadow.local.values()
-                        if c.tag.site == origin.site and not c.claimed)
+                        if c.origin.site == origin.site and not c.claimed)
         return unclaimed < TAIL_WINDOW
 
     async def _deliver(self, shadow: _Shadow, local_id: Any, call: EarlyCall) -> None:
@@ -522,11 +540,9 @@ class Speculator:
     def _retract_unadopted(self, shadow: _Shadow) -> None:
         """The shadow ran all its code: calls of its blocks it did not adopt are cancelled now
         (counted when their block has executed or the turn ends)."""
-        adopted = {id(c) for c in shadow.local.values()}
-        for call in list(self.ledger.calls):
-            if (call.tag.turn == self._turn and call.tag.block >= shadow.first_block
-                    and id(call) not in adopted and not call.claimed):
-                self.ledger.cancel(call, retract=True)
+        self.ledger.cancel_unclaimed(turn=self._turn, from_block=shadow.first_block,
+                                     keep=list(shadow.local.values()))
 
 
-__all__ = ["Origin", "Speculator", "SpeculationBudget", "SHADOW_CPU_S", "TAIL_WINDOW"]
+__all__ = ["NoSpeculation", "Origin", "Speculator", "SpeculationBudget", "SHADOW_CPU_S",
+           "TAIL_WINDOW"]

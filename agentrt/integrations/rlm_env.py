@@ -39,7 +39,7 @@ from agentrt.interpreter.repl import Repl, ReplError, ReplLimits, VariableSummar
 from agentrt.interpreter.segmenter import BlockClosed, BlockOpened, CodeStream, StatementClosed
 from agentrt.ledger import SpeculationBudget
 from agentrt.results import RunStats
-from agentrt.speculation import Speculator
+from agentrt.speculation import NoSpeculation, Speculator
 from agentrt.tool_calls import traced_call
 from agentrt.tools import ToolRegistry
 from agentrt.trace import Trace
@@ -79,7 +79,7 @@ class AgentrtREPL(NonIsolatedEnv):
     * ``speculation`` (default True): run the shadow interpreter and start speculatable calls
       early; off, the REPL runs every call when the code reaches it;
     * ``repl_limits``: agentrt's `ReplLimits` (CPU / wall-clock / memory per cell, the OS jail);
-    * ``budget``: `SpeculationBudget` for early calls;
+    * ``speculation_budget``: `SpeculationBudget` for early calls;
     * ``trace`` / ``stats``: a `Trace` and `RunStats` to record into (share them to read a run's
       timeline and counters after ``RLM.completion``); ``on_event`` is called with each event.
 
@@ -104,7 +104,7 @@ class AgentrtREPL(NonIsolatedEnv):
         *,
         speculation: bool = True,
         repl_limits: ReplLimits | None = None,
-        budget: SpeculationBudget | None = None,
+        speculation_budget: SpeculationBudget | None = None,
         trace: Trace | None = None,
         stats: RunStats | None = None,
         on_event: Callable[[Any], None] | None = None,
@@ -122,7 +122,7 @@ class AgentrtREPL(NonIsolatedEnv):
         self.trace = trace if trace is not None else Trace(on_event)
         self.stats = stats if stats is not None else RunStats()
         self._limits = repl_limits or ReplLimits()
-        self._budget = budget or SpeculationBudget()
+        self._budget = speculation_budget or SpeculationBudget()
         self._registry = ToolRegistry()
         self._pending_variables: dict[str, Any] = {}
         """Variables bound before the sandbox has started."""
@@ -136,7 +136,7 @@ class AgentrtREPL(NonIsolatedEnv):
         self._streamed: _StreamedTurn | None = None
         self._current: tuple[int, int] = (0, 0)
         self._repl: Repl | None = None
-        self._spec: Speculator | None = None
+        self._speculator: NoSpeculation = NoSpeculation()
         self._ready: anyio.Event
         self._stop: anyio.Event
         self._start_error: Exception | None = None
@@ -268,7 +268,7 @@ class AgentrtREPL(NonIsolatedEnv):
             repl = Repl(self._call_tool, signatures, limits=self._limits)
             stack.push_async_callback(repl.aclose)
             if self.speculation:  # shadows wait for `_ready`
-                self._spec = await stack.enter_async_context(Speculator(
+                self._speculator = await stack.enter_async_context(Speculator(
                     repl, self._registry, self._budget, self.trace, self.stats,
                     ready=self._ready))
             try:
@@ -278,7 +278,7 @@ class AgentrtREPL(NonIsolatedEnv):
                     name = next(iter(self._pending_variables))
                     await repl.set_variable(name, self._pending_variables.pop(name))
             except Exception as exc:
-                self._start_error, self._spec = exc, None
+                self._start_error, self._speculator = exc, NoSpeculation()
                 self._ready.set()
                 return
             self._repl = repl
@@ -323,16 +323,14 @@ class AgentrtREPL(NonIsolatedEnv):
         await self._end_turn()
         self._turn += 1
         self.trace.emit("turn_started", turn=self._turn)
-        if self._spec is not None:
-            self._spec.start_turn(self._turn)
+        self._speculator.start_turn(self._turn)
         return self._turn
 
     async def _end_turn(self) -> None:
         if self._turn < 0:
             return
         self._streamed = None
-        if self._spec is not None:
-            await self._spec.end_turn()
+        await self._speculator.end_turn()
         self._subcalls.forget()  # results of early calls nobody claimed
         self.trace.emit("turn_finished", turn=self._turn)
 
@@ -346,8 +344,8 @@ class AgentrtREPL(NonIsolatedEnv):
             return
         self.trace.emit("delta", turn=streamed.index, chars=len(delta), text=delta)
         self._forward(streamed, streamed.segmenter.feed(delta))
-        if self._spec is not None and "\n" in delta and streamed.in_repl_block:
-            self._spec.open_block_grew(streamed.segmenter.open_tail)
+        if "\n" in delta and streamed.in_repl_block:
+            self._speculator.open_block_grew(streamed.segmenter.open_tail)
 
     def _end_stream(self) -> None:
         streamed = self._streamed
@@ -357,7 +355,7 @@ class AgentrtREPL(NonIsolatedEnv):
 
     def _forward(self, streamed: _StreamedTurn, events: Sequence[Any]) -> None:
         """Pass the segmenter's events about ```repl blocks (the ones the RLM runs) on."""
-        spec = self._spec
+        speculator = self._speculator
         for ev in events:
             if isinstance(ev, BlockOpened):
                 streamed.in_repl_block = ev.lang == "repl"
@@ -372,16 +370,14 @@ class AgentrtREPL(NonIsolatedEnv):
             if isinstance(ev, StatementClosed):
                 self.trace.emit("statement_closed", turn=streamed.index, block=block,
                                 stmt=ev.stmt_index, lineno=ev.lineno)
-                if spec is not None:
-                    spec.statement_closed(block, ev.lineno, ev.end_lineno, ev.source)
+                speculator.statement_closed(block, ev.lineno, ev.end_lineno, ev.source)
             elif isinstance(ev, BlockClosed):
                 streamed.in_repl_block = False
                 self.trace.emit("block_closed", turn=streamed.index, block=block,
                                 chars=len(ev.code), unterminated=ev.unterminated)
                 if not ev.unterminated:  # the RLM runs fenced blocks only
                     streamed.closed.append(ev.code)
-                if spec is not None:
-                    spec.block_closed(block, ev.code)
+                speculator.block_closed(block, ev.code, ev.broken)
 
     async def _block_for(self, code: str) -> int:
         """The block number of ``code`` in the current turn: the next streamed block when it is
@@ -393,7 +389,7 @@ class AgentrtREPL(NonIsolatedEnv):
             streamed.executed += 1
             return streamed.executed - 1
         turn = await self._begin_turn()
-        if self._spec is not None:
+        if self.speculation:
             whole = _StreamedTurn(turn, CodeStream(), {}, [], streaming=False)
             self._forward(whole, whole.segmenter.feed(f"```repl\n{code}\n```\n"))
             self._forward(whole, whole.segmenter.finish())
@@ -408,8 +404,7 @@ class AgentrtREPL(NonIsolatedEnv):
         self._current = (self._turn, block)
         self._cell_calls = []
         self.trace.emit("exec_started", turn=self._turn, block=block)
-        if self._spec is not None:
-            self._spec.block_started(block)
+        self._speculator.block_started(block)
         try:
             result = await repl.execute(code)
             if self.compaction and result.error is None:  # rlms rebinds it after every cell
@@ -420,8 +415,7 @@ class AgentrtREPL(NonIsolatedEnv):
                             error=f"ReplError: {exc}", final=False)
             return REPLResult("", f"\nReplError: {exc}", {}, time.perf_counter() - started)
         finally:
-            if self._spec is not None:
-                self._spec.block_executed(block)
+            self._speculator.block_executed(block)
         self.trace.emit("exec_finished", turn=self._turn, block=block, error=result.error,
                         final=result.final is not None)
         final = None if result.final is None else str(result.final.value)
@@ -438,12 +432,11 @@ class AgentrtREPL(NonIsolatedEnv):
                          line: int | None = None) -> Any:
         """The sandbox's tool calls: claim an early call or invoke the tool; trace and count."""
         turn, block = self._current
-        if self._spec is not None:
-            claimed_s = self.trace.now()
-            hit, value = await self._spec.claim(name, args, kwargs, block=block)
-            if hit:
-                self._take(name, args, kwargs, value, claimed_s)
-                return value
+        claimed_s = self.trace.now()
+        hit, value = await self._speculator.claim(name, args, kwargs, block=block)
+        if hit:
+            self._take(name, args, kwargs, value, claimed_s)
+            return value
         self._call_ids += 1
         value = await traced_call(self._registry, self.trace, self.stats, name, args, kwargs,
                                   call_id=self._call_ids, mode="sync", turn=turn, block=block,

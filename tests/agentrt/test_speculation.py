@@ -302,7 +302,7 @@ def test_runaway_peek_and_big_loops_stay_within_budget():
     responses = [fence(code)]
     budget = SpeculationBudget(max_in_flight=3, max_per_turn=40, max_per_shadow=15)
     seq, spec = run_both(responses, engine_factory=lambda: ReplayEngine(responses, 12),
-                         budget=budget)
+                         speculation_budget=budget)
     assert_equivalent(seq, spec)
     stats = spec[0].stats
     assert stats.launched <= 40

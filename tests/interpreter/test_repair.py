@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from agentrt.interpreter.repair import repair_tail
+from agentrt.interpreter.repair import TailRepair, repair_tail
 
 
 def test_for_loop_with_partial_body():
@@ -153,5 +153,7 @@ def test_fifty_line_tail_is_repaired_quickly():
 def test_streaming_the_same_line_reuses_the_result():
     prefix = "for x in xs:\n    y = f(x)\n"
     line = "    z = g(y, [1, 2, 3])"
-    results = {repair_tail(prefix + line[:n]) for n in range(len(line))}
-    assert results == {prefix}
+    repair = TailRepair()
+    results = [repair(prefix + line[:n]) for n in range(len(line))]
+    assert set(results) == {prefix} and len({id(result) for result in results}) == 1
+    assert repair(prefix + line + "\n") == prefix + line + "\n"

@@ -178,8 +178,27 @@ def test_several_blocks_with_prose_between():
         ]
 
 
-def test_other_languages_are_prose():
+def test_other_languages_are_quoted_blocks_neither_code_nor_prose():
     assert run("```bash\nls\n```\n```json\n{}\n```\n") == []
+    text = ("Intro FINAL(1)\n```json\nFINAL(2)\n```\nmid\n```\nFINAL(3)\n```\n"
+            "```python\nFINAL(4)\n```\nafter ```python inline\n```text\nq\n```repl\nx = 1\n"
+            "```\nFINAL(5)\n```\nquoted to the end FINAL(6)")
+    for seed in range(10):
+        stream = CodeStream()
+        events = [e for chunk in chunks_of(text, random.Random(seed)) for e in stream.feed(chunk)]
+        events += stream.finish()
+        # A code fence inside a quoted block still opens a code block (and ends the quote).
+        assert [e.code for e in events if isinstance(e, BlockClosed)] == ["FINAL(4)\n",
+                                                                         "x = 1\n"]
+        assert stream.prose == "Intro FINAL(1)\nmid\nafter ```python inline\nFINAL(5)\n"
+
+
+def test_a_block_whose_code_cannot_be_split_is_broken():
+    closed = [e for e in run(block("x = 1\nfor i in xs:\n    f(i,\n")) if isinstance(e, BlockClosed)]
+    assert closed[0].broken
+    for code in ("x = 1\n# done\n\n", "for i in xs:\n    f(i)\n", ""):
+        (closed,) = [e for e in run(block(code)) if isinstance(e, BlockClosed)]
+        assert not closed.broken, code
 
 
 def test_unterminated_block_is_closed_by_finish():
@@ -202,7 +221,7 @@ def test_fence_without_newline_at_the_end_terminates_the_block():
 def test_a_fence_line_inside_a_string_closes_the_block():
     # The documented ambiguity: a line that is exactly ``` closes the block, wherever it is.
     events = run('```python\ns = """\n```\nstill string"""\n')
-    assert events[-1] == BlockClosed(0, 's = """\n', unterminated=False)
+    assert events[-1] == BlockClosed(0, 's = """\n', unterminated=False, broken=True)
     assert statements(events) == []
 
 
@@ -233,7 +252,7 @@ def test_unclosed_bracket_swallows_the_rest_but_the_block_is_complete():
     code = "a = 1\nb = foo(\nc = 2\nd = 3\n"
     events = run(block(code))
     assert statements(events) == ["a = 1\n"]
-    assert events[-1] == BlockClosed(0, code, unterminated=False)
+    assert events[-1] == BlockClosed(0, code, unterminated=False, broken=True)
 
 
 def test_an_incomplete_body_line_drops_its_statement_at_block_end():
