@@ -33,13 +33,11 @@ from __future__ import annotations
 from .lazy_helpers import (
     PURE_METHOD_NAMES,
     lazy_aware_guards,
-    register_pure_callable,
     shadow_helpers,
 )
 from .lazy_launches import PendingLaunches
 from .lazy_values import (
     Abandoned,
-    ForceTimeout,
     Lazy,
     LazyTable,
     deps,
@@ -53,7 +51,6 @@ from .lazy_values import (
 __all__ = [
     "PURE_METHOD_NAMES",
     "Abandoned",
-    "ForceTimeout",
     "Lazy",
     "LazyTable",
     "PendingLaunches",
@@ -64,6 +61,5 @@ __all__ = [
     "is_lazy",
     "lazy_aware_guards",
     "ready",
-    "register_pure_callable",
     "shadow_helpers",
 ]

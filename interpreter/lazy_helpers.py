@@ -154,8 +154,11 @@ def _lz_fstring_(*parts: Any) -> Any:
     return _render_fstring(*parts)
 
 
-_PURE_CALLABLES: set[int] = set()
-_PURE_CALLABLE_REFS: list[Callable[..., Any]] = []
+_PURE_FUNCTIONS = (len, str, int, float, sorted, sum, min, max, round, abs, repr, list, tuple,
+                   dict, set, frozenset, bool, json.dumps, json.loads, builtins.divmod,
+                   builtins.pow)
+"""Callables ``_lz_call_`` may defer (free of side effects)."""
+_PURE_CALLABLES = frozenset(id(fn) for fn in _PURE_FUNCTIONS)  # the tuple keeps the ids valid
 # Methods of built-in data types that only read their receiver.
 PURE_METHOD_NAMES = frozenset({
     "join", "format", "split", "rsplit", "strip", "lstrip", "rstrip", "upper", "lower",
@@ -166,18 +169,6 @@ PURE_METHOD_NAMES = frozenset({
     "get", "keys", "values", "items", "copy", "dumps", "loads",
 })
 _PURE_METHOD_OWNERS = (str, bytes, dict, list, tuple, set, frozenset)
-
-
-def register_pure_callable(fn: Callable[..., Any]) -> None:
-    """Allow ``_lz_call_`` to defer calls of ``fn`` (it must be free of side effects)."""
-    if id(fn) not in _PURE_CALLABLES:
-        _PURE_CALLABLES.add(id(fn))
-        _PURE_CALLABLE_REFS.append(fn)  # keeps the id valid
-
-
-for _fn in (len, str, int, float, sorted, sum, min, max, round, abs, repr, list, tuple, dict,
-            set, frozenset, bool, json.dumps, json.loads, builtins.divmod, builtins.pow):
-    register_pure_callable(_fn)
 
 
 # Pure callables that never look inside the elements of their arguments: a list of lazies

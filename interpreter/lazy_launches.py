@@ -12,8 +12,6 @@ from .lazy_values import (
     CallId,
     Lazy,
     LazyTable,
-    _is_nonblocking,
-    _nonblocking,
     _snapshot,
     _unfinished_calls,
     _WouldBlock,
@@ -143,10 +141,10 @@ class PendingLaunches:
 
     def _try_send(self, entry: _Pending) -> None:
         """Compute the arguments without blocking and send; postpone if that would block."""
-        _nonblocking.on, previous = True, _is_nonblocking()
         try:
-            args = force_deep(entry.args)
-            kwargs = force_deep(entry.kwargs)
+            with self.table.nonblocking():
+                args = force_deep(entry.args)
+                kwargs = force_deep(entry.kwargs)
         except _WouldBlock:
             self._retry.append(entry)
             return
@@ -154,8 +152,6 @@ class PendingLaunches:
             del self._pending[entry.call_id]
             self.table.poison(entry.call_id, f"an argument could not be computed: {exc}")
             return
-        finally:
-            _nonblocking.on = previous
         del self._pending[entry.call_id]
         self.sent.append(entry.call_id)
         try:

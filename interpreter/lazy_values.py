@@ -10,11 +10,11 @@ arrive raises :class:`Abandoned`. The public API is re-exported by :mod:`.lazy`.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import operator
 import threading
-import time
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from typing import Any
 
 from RestrictedPython.Guards import safer_getattr_raise
@@ -37,27 +37,22 @@ _MAX_DEEP_ROUNDS = 32
 
 
 class Abandoned(BaseException):
-    """The shadow needs a value that will never arrive (poisoned or failed call, failed deferred
-    operation, or a timeout): the current statement must be abandoned.
+    """The shadow needs a value that will never arrive (poisoned or failed call, or failed
+    deferred operation): the current statement must be abandoned.
 
     Derives from ``BaseException`` on purpose, so that ``except Exception`` in model code cannot
     swallow it.
     """
 
 
-class ForceTimeout(Abandoned):
-    """Forcing a lazy value waited longer than the allowed timeout."""
-
-
 class _WouldBlock(Exception):
     """Raised inside non-blocking computations (receiver thread) instead of waiting."""
 
 
-_nonblocking = threading.local()
-
-
-def _is_nonblocking() -> bool:
-    return getattr(_nonblocking, "on", False)
+def _is_nonblocking(node: _Node) -> bool:
+    """Whether this thread may not wait for ``node`` (see `LazyTable.nonblocking`)."""
+    table = node.table
+    return table is not None and table.nonblocking_thread == threading.get_ident()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -229,28 +224,23 @@ def _name_of(fn: Callable[..., Any]) -> str:
 # Forcing
 
 
-def _deadline(timeout: float | None) -> float | None:
-    return None if timeout is None else time.monotonic() + timeout
-
-
-def _wait_call(node: _CallNode, deadline: float | None) -> None:
-    if not _is_nonblocking():
+def _wait_call(node: _CallNode) -> None:
+    nonblocking = _is_nonblocking(node)
+    if not nonblocking:
         node.table.forced.add(node.call_id)
     if node.state == PENDING:
-        if _is_nonblocking():
+        if nonblocking:
             raise _WouldBlock(node.label())
-        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-        if not node.event.wait(remaining):
-            raise ForceTimeout(f"timed out waiting for the result of {node.label()}")
+        node.event.wait()
     if node.state == FAILED:
         raise Abandoned(f"{node.label()} failed: {node.error}")
     if node.state == POISONED:
         raise Abandoned(f"{node.label()} will not run: {node.error}")
 
 
-def _compute_deferred(node: _DeferredNode, deadline: float | None) -> None:
+def _compute_deferred(node: _DeferredNode) -> None:
     """Compute ``node`` (all inputs already done); records the value or the error."""
-    if _is_nonblocking():
+    if _is_nonblocking(node):
         if not node.lock.acquire(timeout=_NONBLOCKING_LOCK_WAIT_S):
             raise _WouldBlock(node.label())
     else:
@@ -264,8 +254,8 @@ def _compute_deferred(node: _DeferredNode, deadline: float | None) -> None:
                 node.state = FAILED
                 return
         try:
-            args = _substitute(node.args, deadline)
-            kwargs = _substitute(node.kwargs, deadline)
+            args = _substitute(node.args)
+            kwargs = _substitute(node.kwargs)
             value = node.fn(*args, **kwargs)
         except (_WouldBlock, Abandoned):
             raise
@@ -279,13 +269,13 @@ def _compute_deferred(node: _DeferredNode, deadline: float | None) -> None:
         node.lock.release()
 
 
-def _force_node(root: _Node, deadline: float | None) -> Any:
+def _force_node(root: _Node) -> Any:
     """Iteratively compute ``root`` (no recursion: deferred chains can be thousands deep)."""
     stack: list[_Node] = [root]
     while stack:
         node = stack[-1]
         if type(node) is _CallNode:
-            _wait_call(node, deadline)
+            _wait_call(node)
             stack.pop()
             continue
         if node.done:
@@ -294,14 +284,14 @@ def _force_node(root: _Node, deadline: float | None) -> Any:
         inputs_missing = False
         for inp in node.inputs:
             if type(inp) is _CallNode:
-                _wait_call(inp, deadline)  # raises if it can never arrive
+                _wait_call(inp)  # raises if it can never arrive
             elif not inp.done:
                 stack.append(inp)
                 inputs_missing = True
             elif inp.state == FAILED:
                 _raise_deferred_failure(inp)
         if not inputs_missing:
-            _compute_deferred(node, deadline)
+            _compute_deferred(node)
             stack.pop()
     if type(root) is _CallNode:
         return root.value
@@ -317,12 +307,12 @@ def _raise_deferred_failure(node: _DeferredNode) -> None:
     raise Abandoned(f"{node.label()} raised {type(error).__name__}: {error}") from error
 
 
-def _substitute(x: Any, deadline: float | None, memo: dict[int, Any] | None = None) -> Any:
+def _substitute(x: Any, memo: dict[int, Any] | None = None) -> Any:
     """``x`` with every ``Lazy`` (also inside containers) replaced by its value; containers
     without lazies are returned as they are."""
     kind = type(x)
     if kind is Lazy:
-        return _force_node(_node_of(x), deadline)
+        return _force_node(_node_of(x))
     if _children(x, kind) is None:
         return x
     if memo is None:
@@ -331,15 +321,15 @@ def _substitute(x: Any, deadline: float | None, memo: dict[int, Any] | None = No
         return memo[id(x)]
     memo[id(x)] = x  # a cycle back to x keeps the original object
     if kind is dict:
-        pairs = [(_substitute(k, deadline, memo), _substitute(v, deadline, memo))
+        pairs = [(_substitute(k, memo), _substitute(v, memo))
                  for k, v in x.items()]
         same = all(a is k and b is v for (a, b), (k, v) in zip(pairs, x.items()))
         result: Any = x if same else dict(pairs)
     elif kind is slice:
-        start, stop, step = (_substitute(v, deadline, memo) for v in (x.start, x.stop, x.step))
+        start, stop, step = (_substitute(v, memo) for v in (x.start, x.stop, x.step))
         result = slice(start, stop, step)
     else:
-        items = [_substitute(item, deadline, memo) for item in x]
+        items = [_substitute(item, memo) for item in x]
         if all(a is b for a, b in zip(items, x)):
             result = x
         elif kind is list:
@@ -359,37 +349,27 @@ def is_lazy(x: Any) -> bool:
     return type(x) is Lazy
 
 
-def force(x: Any, timeout: float | None = None) -> Any:
+def force(x: Any) -> Any:
     """The concrete value of ``x``: computes deferred nodes, blocks until call results arrive.
 
     Non-lazy values are returned unchanged. Raises :class:`Abandoned` when the value can never
-    arrive, :class:`ForceTimeout` (an ``Abandoned``) after ``timeout`` seconds; with ``timeout``
-    None the table's ``force_timeout`` applies.
+    arrive.
     """
     if type(x) is not Lazy:
         return x
-    node = _node_of(x)
-    if timeout is None and node.table is not None:
-        timeout = node.table.force_timeout
-    return _force_node(node, _deadline(timeout))
+    return _force_node(_node_of(x))
 
 
-def force_deep(x: Any, timeout: float | None = None) -> Any:
+def force_deep(x: Any) -> Any:
     """Like :func:`force`, and also replaces lazies inside lists, tuples, dicts, sets and slices,
     including inside the values that forcing produces."""
-    if timeout is None:
-        for node in _lazy_leaves(x):
-            if node.table is not None:
-                timeout = node.table.force_timeout
-                break
-    deadline = _deadline(timeout)
-    value = _substitute(x, deadline)
+    value = _substitute(x)
     # A forced value may itself be a container of lazies (e.g. a deferred list build); the
     # bound stops a container that holds itself and a lazy from looping forever.
     for _ in range(_MAX_DEEP_ROUNDS):
         if not _holds_lazy(value):
             break
-        value = _substitute(value, deadline)
+        value = _substitute(value)
     return value
 
 
@@ -699,19 +679,17 @@ Listener = Callable[[CallId, str], None]
 class LazyTable:
     """Thread-safe registry of call nodes: the shadow's main thread creates and forces lazies,
     a receiver thread delivers results with :meth:`resolve` / :meth:`fail`.
-
-    ``force_timeout`` (seconds, None = wait forever) bounds every implicit force (``bool(x)``,
-    ``len(x)``, ...) of the lazies this table creates.
     """
 
-    def __init__(self, force_timeout: float | None = None) -> None:
-        self.force_timeout = force_timeout
+    def __init__(self) -> None:
         self._lock = threading.Lock()
         self._calls: dict[CallId, _CallNode] = {}
         self._listeners: list[Listener] = []
         self.forced: set[CallId] = set()
         """Calls whose values the program needed (forced outside a receiver thread): the
         control and data dependencies of whatever it launches next."""
+        self.nonblocking_thread: int | None = None
+        """The thread inside :meth:`nonblocking`, if one is."""
 
     # -- creating and settling calls ---------------------------------------------------------
     def new_call(self, call_id: CallId) -> Lazy:
@@ -736,12 +714,6 @@ class LazyTable:
         """Record that ``call_id`` will never run (e.g. a non-speculatable tool)."""
         return self._settle(call_id, POISONED, None, reason)
 
-    def abandon_all(self, reason: str = "the shadow run was abandoned") -> int:
-        """Poison every call still pending (wakes all waiters); returns how many there were."""
-        with self._lock:
-            pending = [cid for cid, node in self._calls.items() if node.state == PENDING]
-        return sum(self.poison(cid, reason) for cid in pending)
-
     def _settle(self, call_id: CallId, state: str, value: Any, error: str) -> bool:
         with self._lock:
             node = self._calls.get(call_id)
@@ -756,38 +728,23 @@ class LazyTable:
             listener(call_id, state)
         return True
 
-    # -- inspection --------------------------------------------------------------------------
-    def state(self, call_id: CallId) -> str:
-        """``"pending"``, ``"resolved"``, ``"failed"`` or ``"poisoned"``; KeyError if unknown."""
-        with self._lock:
-            return self._calls[call_id].state
-
-    def __contains__(self, call_id: CallId) -> bool:
-        with self._lock:
-            return call_id in self._calls
-
-    def pending_ids(self) -> list[CallId]:
-        """Ids of calls whose result has not arrived, in creation order."""
-        with self._lock:
-            return [cid for cid, node in self._calls.items() if node.state == PENDING]
-
+    # -- listening and forcing -----------------------------------------------------------------
     def subscribe(self, listener: Listener) -> None:
         """Call ``listener(call_id, state)`` after every settle (on the settling thread)."""
         with self._lock:
             self._listeners.append(listener)
 
-    # -- forcing (same as the module functions) ----------------------------------------------
-    def force(self, x: Any, timeout: float | None = None) -> Any:
-        """See :func:`force`."""
-        return force(x, self.force_timeout if timeout is None else timeout)
-
-    def force_deep(self, x: Any, timeout: float | None = None) -> Any:
-        """See :func:`force_deep`."""
-        return force_deep(x, self.force_timeout if timeout is None else timeout)
-
-    def ready(self, x: Any) -> bool:
-        """See :func:`ready`."""
-        return ready(x)
+    @contextlib.contextmanager
+    def nonblocking(self) -> Iterator[None]:
+        """Within the block, forcing a value of this table on this thread raises an internal
+        ``_WouldBlock`` instead of waiting (a receiver thread computing launch arguments must
+        never wait for a result only it can deliver); such forces are not recorded in
+        :attr:`forced`."""
+        previous, self.nonblocking_thread = self.nonblocking_thread, threading.get_ident()
+        try:
+            yield
+        finally:
+            self.nonblocking_thread = previous
 
     def deps(self, x: Any) -> set[CallId]:
         """See :func:`deps`."""

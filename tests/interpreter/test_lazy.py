@@ -24,7 +24,6 @@ from RestrictedPython.Guards import (
 
 from agentrt.interpreter.lazy import (
     Abandoned,
-    ForceTimeout,
     Lazy,
     LazyTable,
     PendingLaunches,
@@ -58,11 +57,34 @@ GUARDS = {
 }
 
 
+def waits_for(release, action) -> None:
+    """``action()``, on a thread, must wait for the call ``release()`` names (an id, asked for
+    once the action has had 0.3 s to get stuck): poisoning that call ends it with `Abandoned`
+    naming it. Succeeds only if the action was blocked on exactly that call."""
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            action()
+        except BaseException as exc:  # noqa: BLE001 - recording what the action got
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(0.3)
+    table, call_id = release()
+    table.poison(call_id, "released by the test")
+    thread.join(WAIT)
+    assert not thread.is_alive()
+    assert errors and isinstance(errors[0], Abandoned), errors
+    assert "released by the test" in str(errors[0])
+
+
 class Shadow:
     """A minimal in-process shadow: tool stubs launch through PendingLaunches."""
 
-    def __init__(self, tools=("fetch", "refine", "score", "g", "h"), force_timeout=WAIT):
-        self.table = LazyTable(force_timeout=force_timeout)
+    def __init__(self, tools=("fetch", "refine", "score", "g", "h")):
+        self.table = LazyTable()
         self.sent: list[tuple] = []
         self.sent_event = threading.Event()
         self.sent_threads: dict = {}
@@ -107,7 +129,7 @@ class Shadow:
 
 
 def test_independent_launches_do_not_block():
-    shadow = Shadow(force_timeout=0.5)
+    shadow = Shadow()
     shadow.run('a = fetch("q1")\nb = fetch("q2")\nc = score(a)\nd = fetch("q3")\n')
     # Nothing was resolved, yet the program ran to the end and launched every independent call.
     assert shadow.tools_sent() == ["fetch", "fetch", "fetch"]
@@ -182,7 +204,7 @@ def test_score_mod_two_defers():
 
 
 def test_operators_on_a_lazy_defer_without_the_transform():
-    table = LazyTable(force_timeout=WAIT)
+    table = LazyTable()
     value = table.new_call("v")
     results = [value % 2, 10 - value, value ** 2, -value, value["k"] if False else value * 3,
                value < 5, 3 < value, abs(value), round(value / 4, 1), value // 3, divmod(value, 4)]
@@ -193,7 +215,7 @@ def test_operators_on_a_lazy_defer_without_the_transform():
 
 
 def test_truth_tests_block_until_the_result_arrives():
-    table = LazyTable(force_timeout=WAIT)
+    table = LazyTable()
     value = table.new_call("v")
     threading.Timer(0.05, table.resolve, args=("v", [3, 1, 2])).start()
     assert bool(value) is True  # blocks until the timer thread resolves
@@ -220,7 +242,7 @@ def test_poisoned_value_raises_abandoned_which_except_exception_does_not_catch()
 
 
 def test_failed_deferred_operation_abandons_with_the_cause():
-    table = LazyTable(force_timeout=WAIT)
+    table = LazyTable()
     value = table.new_call("v")
     wrong = value + 1
     table.resolve("v", "text")
@@ -229,33 +251,20 @@ def test_failed_deferred_operation_abandons_with_the_cause():
     assert isinstance(info.value.__cause__, TypeError)
 
 
-def test_force_timeout_and_abandon_all():
+def test_forcing_waits_until_the_call_is_settled():
     table = LazyTable()
     value = table.new_call("v")
-    with pytest.raises(ForceTimeout):
-        force(value, timeout=0.05)
-    errors: list[BaseException] = []
-
-    def waiter():
-        try:
-            force(value)
-        except BaseException as exc:  # noqa: BLE001 - recording what the waiter got
-            errors.append(exc)
-
-    thread = threading.Thread(target=waiter)
-    thread.start()
-    time.sleep(0.05)
-    assert table.abandon_all("turn ended") == 1
-    thread.join(WAIT)
-    assert not thread.is_alive() and isinstance(errors[0], Abandoned)
+    waits_for(lambda: (table, "v"), lambda: force(value + 1))
+    assert table.poison("v") is False  # settled once
 
 
 def test_isinstance_answers_for_the_value():
-    table = LazyTable(force_timeout=0.2)
+    table = LazyTable()
     text = table.new_call("t")
     assert isinstance(text, Lazy)  # never forces: the placeholder's own type
-    with pytest.raises(ForceTimeout):
-        isinstance(text, str)  # needs the value, which has not arrived
+    waits_for(lambda: (table, "t"), lambda: isinstance(text, str))  # needs the value
+    table = LazyTable()
+    text = table.new_call("t")
     table.resolve("t", "hello")
     assert isinstance(text, str) and not isinstance(text, int)
     assert text.__class__ is str
@@ -263,7 +272,7 @@ def test_isinstance_answers_for_the_value():
 
 
 def test_attribute_and_method_calls_defer_but_mutations_force():
-    table = LazyTable(force_timeout=WAIT)
+    table = LazyTable()
     record = table.new_call("r")
     upper = record.get("name").upper()
     assert is_lazy(upper) and not ready(upper)
@@ -276,7 +285,7 @@ def test_attribute_and_method_calls_defer_but_mutations_force():
 
 
 def test_len_of_a_list_of_lazies_does_not_wait():
-    shadow = Shadow(force_timeout=0.5)
+    shadow = Shadow()
     shadow.run(
         "results = []\n"
         "for q in ['a', 'b', 'c']:\n"
@@ -290,7 +299,7 @@ def test_len_of_a_list_of_lazies_does_not_wait():
 
 
 def test_containers_force_deep_deps_and_pickle():
-    table = LazyTable(force_timeout=WAIT)
+    table = LazyTable()
     a, b = table.new_call("a"), table.new_call("b")
     data = {"xs": [a, (b, 1)], "n": a + b, "s": slice(a, None)}
     assert deps(data) == {"a", "b"} and not ready(data)
@@ -316,7 +325,7 @@ def test_long_chain_of_deferred_values_forces_without_recursion():
 
 def test_fstring_in_a_loop_defers_through_the_transform():
     source = 'a = fetch("topic")\nfor i in range(3):\n    refine(f"refine: {a!r:>8} #{i}")\n'
-    shadow = Shadow(force_timeout=0.3)
+    shadow = Shadow()
     shadow.run(source)
     assert shadow.tools_sent() == ["fetch"]
     assert shadow.launches.pending_count() == 3
@@ -325,13 +334,14 @@ def test_fstring_in_a_loop_defers_through_the_transform():
         (f"refine: {'cats'!r:>8} #{i}",) for i in range(3)]
 
     # Without the transform the f-string forces `a` on the first iteration.
-    plain = Shadow(force_timeout=0.3)
-    with pytest.raises(ForceTimeout):
-        plain.run(source, transform=False)
+    plain = Shadow()
+    waits_for(lambda: (plain.table, plain.sent[0][0]),
+              lambda: plain.run(source, transform=False))
+    assert plain.tools_sent() == ["fetch"]
 
 
 def test_percent_format_join_and_json_defer():
-    shadow = Shadow(force_timeout=0.3)
+    shadow = Shadow()
     shadow.run(
         'a = fetch("x")\n'
         'b = fetch("y")\n'
@@ -478,4 +488,5 @@ def test_thread_safety_many_resolves_from_another_thread():
     assert outs == [f"h:{i * 10}-g:{i * 10 + 1}" for i in range(count)]
     call_ids = [call_id for call_id, _, _, _ in shadow.sent]
     assert len(call_ids) == len(set(call_ids)) == 3 * count
-    assert shadow.launches.pending_count() == 0 and shadow.table.pending_ids() == []
+    assert shadow.launches.pending_count() == 0
+    assert not any(shadow.table.resolve(call_id, None) for call_id in call_ids)  # all settled
