@@ -97,7 +97,7 @@ def test_peer_answers_an_oolong_task_in_replay_mode():
     task = generate([1024], 1, seed=3)[0]
     fast = LatencyModel(prefill_tokens_per_s=1e6, ttft_overhead_s=0.0, decode_tokens_per_s=4000)
     with SimulatedSubModel(Oracle.from_tasks([task]), fast) as sub, PeerDriver(python) as peer:
-        result = peer.run(oolong_job(task.id, trajectory(task, "batched"), task.context,
+        result = peer.run(oolong_job(task.id, trajectory(task, "loop"), task.context,
                                      400, sub.url, MODEL_NAME, 1024))
     assert result["status"] == "final", result
     assert len(result["turns"]) == 4  # the whole RLM-style trajectory, turn by turn
