@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from .metrics import SpecMetrics
+from .metrics import DecodeMetrics
 
 Message = dict[str, str]
 """One chat message: ``{"role": "system" | "user" | "assistant", "content": str}``."""
@@ -128,7 +128,7 @@ class Delta:
     finish_reason: str | None = None
     """``"stop"`` (end of sequence or stop string), ``"length"`` (max_tokens), or ``None``."""
     usage: Usage | None = None
-    metrics: SpecMetrics | None = None
+    metrics: DecodeMetrics | None = None
 
 
 @dataclass
@@ -139,7 +139,7 @@ class Completion:
     token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     usage: Usage = field(default_factory=Usage)
-    metrics: SpecMetrics | None = None
+    metrics: DecodeMetrics | None = None
 
 
 @runtime_checkable
@@ -176,7 +176,7 @@ class BaseEngine:
     def remember(self, text: str) -> None:
         return None
 
-    def metrics(self) -> SpecMetrics | None:
+    def metrics(self) -> DecodeMetrics | None:
         """Speculative-decoding metrics aggregated over the engine's life, if it has them."""
         return None
 
