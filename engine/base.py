@@ -2,7 +2,7 @@
 
 An engine turns a chat (a list of ``{"role": ..., "content": ...}`` messages) into an async
 stream of `Delta` objects. The last delta of a stream carries ``finish_reason``, ``usage`` and,
-where the backend has them, speculative-decoding ``metrics``.
+where the backend has them, decoding ``metrics`` (`DecodeMetrics`: drafts, acceptance, timings).
 """
 
 from __future__ import annotations
@@ -177,7 +177,7 @@ class BaseEngine:
         return None
 
     def metrics(self) -> DecodeMetrics | None:
-        """Speculative-decoding metrics aggregated over the engine's life, if it has them."""
+        """Decoding metrics aggregated over the engine's life, if it has them."""
         return None
 
     async def aclose(self) -> None:

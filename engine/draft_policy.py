@@ -97,7 +97,7 @@ class AdaptiveK:
     their proposal matched, and a 1-token match is accepted far less often than an 8-token one
     (`bucket_of`). Expected tokens of a step with k drafts: ``1 + sum_j prod_{i<=j} a_i``; its
     cost: the measured target forward over k+1 tokens plus k draft steps. When no k beats
-    plain decoding speculation is off for that bucket, with a probe every ``probe_every``
+    plain decoding, drafting is off for that bucket, with a probe every ``probe_every``
     steps so the estimate can recover.
     """
 
@@ -150,11 +150,7 @@ class AdaptiveK:
         if best > 0:
             self._off_steps[bucket] = 0
             return best
-        self._off_steps[bucket] += 1
-        if self._off_steps[bucket] >= self.probe_every:
-            self._off_steps[bucket] = 0
-            return min(self.probe_k, limit)
-        return 0
+        return self._off(bucket, limit)
 
     def next_step(self) -> None:
         """Start a batched step: `probe` counts each bucket's steps without drafts once per
@@ -171,10 +167,15 @@ class AdaptiveK:
         if available == 0 or self._counted[bucket] == self._step:
             return 0
         self._counted[bucket] = self._step
+        return self._off(bucket, available)
+
+    def _off(self, bucket: int, limit: int) -> int:
+        """One more step without drafts for ``bucket``: 0, or ``probe_k`` (at most ``limit``)
+        every ``probe_every`` such steps."""
         self._off_steps[bucket] += 1
         if self._off_steps[bucket] >= self.probe_every:
             self._off_steps[bucket] = 0
-            return min(self.probe_k, available)
+            return min(self.probe_k, limit)
         return 0
 
     def forget(self) -> None:

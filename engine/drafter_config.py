@@ -1,7 +1,7 @@
 """Drafter settings: the ``--drafter-config`` JSON, and vLLM's speculative-decoding counters as
 `DecodeMetrics`.
 
-vLLM counts speculation with four monotonic counters (Prometheus names in brackets):
+vLLM counts drafting with four monotonic counters (Prometheus names in brackets):
 
 - ``num_drafts`` (``vllm:spec_decode_num_drafts``): engine steps that verified a non-empty draft;
 - ``num_draft_tokens`` (``vllm:spec_decode_num_draft_tokens``): tokens proposed;

@@ -107,12 +107,8 @@ class NativeEngine(BaseEngine):
         self._metrics = DecodeMetrics(lossy=config.acceptance_threshold < 1.0)
         self._batch = BatchMetrics()
         self._metrics_lock = threading.Lock()
-        self.scheduler = Scheduler(
-            self.pool, prefix_cache=config.prefix_cache, prefill_chunk=config.prefill_chunk,
-            max_batch_tokens=max(config.max_batch_tokens, self.max_k + 1),
-            max_num_seqs=config.max_num_seqs, priority_share=config.priority_share,
-            background_prefill_tokens=config.background_prefill_tokens, stats=self._batch,
-            lock=self._metrics_lock)
+        self.scheduler = Scheduler(self.pool, config, max(config.max_batch_tokens, self.max_k + 1),
+                                   self._batch, self._metrics_lock)
         self.drafter = self._make_drafter()
         self._policy: AdaptiveK | None = None
         self._seed_rng = (torch.Generator().manual_seed(config.seed)

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from .drafters.base import Draft
 from .kv_cache import KVPool
 from .metrics import BatchMetrics
+from .native_config import NativeConfig
 from .sequence import RequestState
 
 
@@ -71,20 +72,18 @@ class StepRows:
 
 
 class Scheduler:
-    """Waiting and running requests over one `KVPool` (see the module docstring). Runs on the
-    engine's worker thread only; ``stats`` (guarded by ``lock``) gets its admission, prefix-hit
-    and preemption counts."""
+    """Waiting and running requests over one `KVPool` (see the module docstring), as
+    ``config`` says, with at most ``max_batch_tokens`` rows a step. Runs on the engine's worker
+    thread only; ``stats`` (guarded by ``lock``) gets its admission, prefix-hit and preemption
+    counts."""
 
-    def __init__(self, pool: KVPool, *, prefix_cache: bool, prefill_chunk: int,
-                 max_batch_tokens: int, max_num_seqs: int, priority_share: float,
-                 background_prefill_tokens: int, stats: BatchMetrics, lock: threading.Lock):
+    def __init__(self, pool: KVPool, config: NativeConfig, max_batch_tokens: int,
+                 stats: BatchMetrics, lock: threading.Lock):
         self.pool = pool
-        self.prefix_cache = prefix_cache
-        self.prefill_chunk = prefill_chunk
+        self.config = config
+        """Read for ``prefix_cache``, ``prefill_chunk``, ``max_num_seqs``, ``priority_share``
+        and ``background_prefill_tokens``."""
         self.max_batch_tokens = max_batch_tokens
-        self.max_num_seqs = max_num_seqs
-        self.priority_share = priority_share
-        self.background_prefill_tokens = background_prefill_tokens
         self.stats, self.lock = stats, lock
         self.waiting: list[RequestState] = []
         self.running: list[RequestState] = []
@@ -122,7 +121,7 @@ class Scheduler:
         cache."""
         admitted = []
         for seq in sorted(self.waiting, key=lambda s: s.order):
-            if len(self.running) >= self.max_num_seqs:
+            if len(self.running) >= self.config.max_num_seqs:
                 break
             if self._prefix_in_flight(seq):
                 continue
@@ -137,7 +136,7 @@ class Scheduler:
         return admitted
 
     def _prefix_in_flight(self, seq: RequestState) -> bool:
-        if not self.prefix_cache:
+        if not self.config.prefix_cache:
             return False
         bs = self.pool.block_size
         for other in self.running:
@@ -152,7 +151,7 @@ class Scheduler:
         pool = self.pool
         limit = len(seq.tokens) - 1  # the last token is always run: its logits are needed
         hits, chain, partial, partial_n = [], KVPool.ROOT, None, 0
-        if self.prefix_cache:
+        if self.config.prefix_cache:
             hits, chain, partial, partial_n = pool.match(seq.tokens, limit)
         pool.take(hits)
         if partial is not None:
@@ -254,10 +253,10 @@ class Scheduler:
         for seq in selection.order:
             if seq.decoding or seq not in self.running:
                 continue
-            chunk = min(len(seq.tokens) - seq.computed, self.prefill_chunk,
+            chunk = min(len(seq.tokens) - seq.computed, self.config.prefill_chunk,
                         self.max_batch_tokens - used)
             if selection.throttled and seq.priority > selection.urgent:
-                chunk = min(chunk, self.background_prefill_tokens - background)
+                chunk = min(chunk, self.config.background_prefill_tokens - background)
                 background += max(chunk, 0)
             if chunk <= 0:
                 continue
@@ -294,8 +293,8 @@ class Scheduler:
         if not selection.throttled:
             self.credit = 0.0
         elif selection.shared:
-            self.credit += self.urgent_alone_s / self.priority_share - seconds
+            self.credit += self.urgent_alone_s / self.config.priority_share - seconds
         else:
             self.urgent_alone_s = (seconds if self.urgent_alone_s == 0.0
                                    else 0.8 * self.urgent_alone_s + 0.2 * seconds)
-            self.credit += seconds / self.priority_share - seconds
+            self.credit += seconds / self.config.priority_share - seconds

@@ -51,7 +51,7 @@ class VLLMEngine(BaseEngine):
 
     ``model``: a model directory, a name `agentrt.engine.models` knows (``"smollm2-135m"``), or
     anything vLLM resolves itself. ``dtype``: ``"fp32" | "bf16" | "fp16" | "auto"`` or vLLM's
-    names. ``speculative_config``: vLLM's dict, as is (None: no speculation).
+    names. ``speculative_config``: vLLM's dict, as is (None: no drafter).
     ``per_request_spec_metrics``: vLLM's per-request metrics level used for exact per-generation
     `DecodeMetrics` (``"detailed"``, ``"summary"`` or ``"none"``). ``engine_kwargs`` go to
     ``AsyncEngineArgs`` unchanged (``gpu_memory_utilization``, ``seed``, ...).
@@ -82,7 +82,7 @@ class VLLMEngine(BaseEngine):
 
         self.model_path = resolve_model(model, dtype)
         self.speculative_config = dict(speculative_config) if speculative_config else None
-        if self.speculative_config is not None:  # vLLM refuses the option without speculation
+        if self.speculative_config is not None:  # vLLM refuses the option without a drafter
             engine_kwargs.setdefault("per_request_spec_decode_metrics", per_request_spec_metrics)
         # Without per-request numbers, a generation's share is read off the global counters.
         self._diff_global_counters = (
@@ -242,7 +242,7 @@ class VLLMEngine(BaseEngine):
             after = self._global_counters()
             if after is not None:
                 return (after - before).to_decode_metrics(generated_tokens=completion_tokens)
-        # No speculation: one target forward per token.
+        # No drafter: one target forward per token.
         return DecodeMetrics(generated_tokens=completion_tokens, verify_steps=completion_tokens)
 
 

@@ -234,6 +234,23 @@ def test_torch_fallback_matches_cpu_kernels():
     assert (a.argmax(-1) == b.argmax(-1)).float().mean() >= 0.8
 
 
+# ----------------------------------------------------------------------------- the config
+
+def test_config_checks_its_fields_and_names_renamed_options():
+    assert NativeConfig().replace(drafter=None, draft_tokens=3) == NativeConfig(drafter=None, draft_tokens=3)
+    for bad in ({"drafter": "turbo"}, {"draft_tokens": -1}, {"draft_tokens": "many"},
+                {"acceptance_threshold": 0.0}, {"block_size": 0}, {"precision": "int4"},
+                {"dtype": "bf15"}, {"priority_share": 1.5}, {"kv_cache_bytes": None}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            NativeConfig(**bad)
+    with pytest.raises(TypeError, match="'speculation' is now 'drafter'"):
+        NativeConfig().replace(speculation=None)
+    with pytest.raises(TypeError, match="'num_speculative_tokens' is now 'draft_tokens'"):
+        NativeEngine(num_speculative_tokens=4)  # refused before any model loads
+    with pytest.raises(TypeError, match="no option \\['turbo'\\]"):
+        NativeEngine(turbo=True)
+
+
 # ------------------------------------------------------------------------- text plumbing
 
 def test_stop_matcher_holds_back_prefixes():
