@@ -81,18 +81,14 @@ class CpuOps:
 
     def __init__(self, lib: ctypes.CDLL):
         self.lib = lib
-        """The library itself (its functions beyond these wrappers are parts of them)."""
+        """The library itself: its other functions are the steps of `decode_layers_paged`
+        (RoPE + cache store, paged attention, the SiLU gate) and of `int8_linear`."""
         i64, ptr, f32, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
         self._linear = self._fn(lib.bf16_linear, [ptr, ptr, ptr, ptr, i64, i64, i64, i32])
         self._rms_norm = self._fn(lib.rms_norm, [ptr, ptr, ptr, i64, i64, f32])
-        self._silu_mul = self._fn(lib.silu_mul, [ptr, ptr, i64, i64])
         self._packed_linear = self._fn(lib.packed_linear,
                                        [ptr, ptr, i32, i32, ptr, ptr, i64, i64, i64, i32])
         self._int8_linear = self._fn(lib.int8_linear, [ptr, ptr, i32, ptr, ptr, i64, i64, i64, i32])
-        self._rope_store_paged = self._fn(lib.rope_store_paged,
-                                          [ptr, ptr, ptr, i64, i64, i64, i64, ptr, ptr, i64])
-        self._attend_paged = self._fn(lib.attend_paged, [ptr, i64, ptr, ptr, ptr, ptr, i64, i64, i64,
-                                                         i64, i64, f32, i32])
         self._decode_layers_paged = self._fn(lib.decode_layers_paged,
                                              [ptr, i64, ptr, i64, ptr, i64, i64, i64, i64, i64, i64,
                                               i64, ptr, f32, f32, i32, i32])
@@ -141,12 +137,6 @@ class CpuOps:
         self._rms_norm(x.data_ptr(), w.data_ptr(), y.data_ptr(), x.shape[0], x.shape[1], eps)
         return y
 
-    def silu_mul(self, gate_up: Tensor) -> Tensor:
-        rows, width = gate_up.shape
-        y = torch.empty(rows, width // 2)
-        self._silu_mul(gate_up.data_ptr(), y.data_ptr(), rows, width // 2)
-        return y
-
     @staticmethod
     def layer_plan(layers: Sequence[object], caches: Sequence[tuple[Tensor, Tensor]]) -> ctypes.Array:
         """The pointers `decode_layers_paged` reads, one entry per layer. Each of ``layers`` (a
@@ -185,33 +175,6 @@ class CpuOps:
                 raise ValueError("block tables must be contiguous int32 tensors")
             entry.row0, entry.n, entry.start, entry.blocks = row0, n, start, blocks.data_ptr()
         return table
-
-    def rope_store_paged(self, qkv: Tensor, rope: Tensor, seqs: ctypes.Array, heads: int,
-                         kv_heads: int, head_dim: int, k_pool: Tensor, v_pool: Tensor) -> None:
-        """Rotate the q and k heads of ``qkv[n, (heads + 2 kv_heads) * D]`` in place (adjacent
-        pairs, ``rope[pos]`` holds D/2 (cos, sin) pairs), each sequence's rows at its own
-        positions, and store their keys and values in the block pools ``[blocks, KV,
-        block_size, D]`` by the sequence's block table."""
-        _check_cache(k_pool, v_pool)
-        self._rope_store_paged(qkv.data_ptr(), rope.data_ptr(), ctypes.addressof(seqs), len(seqs),
-                               heads, kv_heads, head_dim, k_pool.data_ptr(), v_pool.data_ptr(),
-                               k_pool.shape[2])
-
-    def attend_paged(self, qkv: Tensor, k_pool: Tensor, v_pool: Tensor, seqs: ctypes.Array,
-                     heads: int, kv_heads: int, head_dim: int) -> Tensor:
-        """Causal attention over block pools (``head_dim`` a multiple of 32): every row of
-        ``qkv`` attends to its own sequence's positions up to its own; a row's result never
-        depends on the rest of the batch, the chunking or which blocks hold the keys."""
-        if head_dim % 32 or heads % kv_heads:
-            raise ValueError(f"attend needs head_dim % 32 == 0 and heads % kv_heads == 0, got "
-                             f"head_dim={head_dim}, heads={heads}, kv_heads={kv_heads}")
-        _check_cache(k_pool, v_pool)
-        out = torch.empty(qkv.shape[0], heads * head_dim)
-        self._attend_paged(qkv.data_ptr(), qkv.stride(0), k_pool.data_ptr(), v_pool.data_ptr(),
-                           out.data_ptr(), ctypes.addressof(seqs), len(seqs), heads, kv_heads,
-                           head_dim, k_pool.shape[2], 1.0 / math.sqrt(head_dim),
-                           torch.get_num_threads())
-        return out
 
     def decode_layers_paged(self, x: Tensor, seqs: ctypes.Array, plan: ctypes.Array,
                             shape: LayerShape, block_size: int, rope: Tensor,

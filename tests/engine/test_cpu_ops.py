@@ -1,7 +1,7 @@
-"""The compiled CPU attention (`CpuOps.attend_paged`) against a torch reference: grouped heads
-of several widths, single and multi-row calls, caches in one block or scattered over a pool,
-and rows that never depend on the batch or on the blocks that hold the keys. Caches hold
-float16 keys and values; the reference reads the same values."""
+"""The compiled CPU attention (``attend_paged``, a step of `CpuOps.decode_layers_paged`) against a
+torch reference: grouped heads of several widths, single and multi-row calls, caches in one
+block or scattered over a pool, and rows that never depend on the batch or on the blocks that
+hold the keys. Caches hold float16 keys and values; the reference reads the same values."""
 
 from __future__ import annotations
 
@@ -11,6 +11,9 @@ import pytest
 import torch
 
 from agentrt.engine.cpu_ops import cpu_ops
+from agentrt.engine.llama import SeqRows
+from per_op_forward import attend_paged
+from random_models import qwen_like
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +42,7 @@ def attend(ops, qkv, k_cache, v_cache, start, heads, kv_heads, dim, block_size=N
         pools.append(pool)
     blocks = torch.tensor(order, dtype=torch.int32)
     table = ops.seq_table([(0, qkv.shape[0], start, blocks)])
-    return ops.attend_paged(qkv, *pools, table, heads, kv_heads, dim)
+    return attend_paged(ops, qkv, *pools, table, heads, kv_heads, dim)
 
 
 def reference(qkv, k_cache, v_cache, start, heads, kv_heads, dim):
@@ -73,11 +76,16 @@ def test_attend_matches_reference(ops, heads, kv_heads, dim, start, n, block_siz
     assert (got - want).abs().max() < 1e-5
 
 
-def test_attend_refuses_float32_caches(ops):
-    qkv = torch.randn(1, 5 * 32)
-    cache = torch.zeros(1, 4, 32)
-    with pytest.raises(ValueError, match="float16"):
-        attend(ops, qkv, cache, cache, 0, 3, 1, 32)
+def test_the_step_refuses_float32_caches(ops):
+    model = qwen_like()
+    cfg = model.cfg
+    pool = model.new_pool(2, 16)
+    wrong = type(pool)(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, 2, 16, torch.float32)
+    seqs = [SeqRows(0, 3, torch.tensor([0], dtype=torch.int32))]
+    with torch.inference_mode():
+        model(torch.tensor([1, 2, 3]), seqs, pool)
+        with pytest.raises(ValueError, match="float16"):
+            model(torch.tensor([1, 2, 3]), seqs, wrong)
 
 
 def test_attend_rows_do_not_depend_on_the_batch(ops):

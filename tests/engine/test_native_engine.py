@@ -13,7 +13,7 @@ from agentrt.engine import EngineError, NativeConfig, NativeEngine, SamplingPara
 from agentrt.engine import models
 from agentrt.engine.llama import SeqRows, SequenceCache, Transformer
 from agentrt.engine.tokenizer import IncrementalDetokenizer, StopStringMatcher
-from per_op_forward import per_op_forward
+from per_op_forward import attend_paged, per_op_forward, rope_store_paged, silu_mul
 from random_models import qwen_like
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -147,7 +147,7 @@ def test_cpu_fused_ops_match_torch():
     assert torch.allclose(ops.rms_norm(x, w, 1e-5), F.rms_norm(x, (64,), w, 1e-5), atol=1e-5)
     gate_up = torch.randn(2, 96, generator=gen) * 4
     ref = F.silu(gate_up[:, :48]) * gate_up[:, 48:]
-    assert torch.allclose(ops.silu_mul(gate_up), ref, rtol=1e-5, atol=1e-5)
+    assert torch.allclose(silu_mul(ops, gate_up), ref, rtol=1e-5, atol=1e-5)
 
     heads, kv_heads, dim, length, start = 6, 2, 32, 40, 37
     rope = torch.polar(torch.ones(64, dim // 2), torch.rand(64, dim // 2, generator=gen) * 6)
@@ -161,13 +161,13 @@ def test_cpu_fused_ops_match_torch():
     v_ref[0, :, start:start + 3] = qkv[:, (heads + kv_heads) * dim:].view(3, kv_heads, dim).transpose(0, 1)
     block = torch.tensor([0], dtype=torch.int32)  # one sequence, its cache one block of 64 positions
     table = ops.seq_table([(0, 3, start, block)])
-    ops.rope_store_paged(qkv, torch.view_as_real(rope).contiguous(), table, heads, kv_heads, dim,
-                         k_cache, v_cache)
+    rope_store_paged(ops, qkv, torch.view_as_real(rope).contiguous(), table, heads, kv_heads, dim,
+                     k_cache, v_cache)
     rotated = qkv[:, :(heads + kv_heads) * dim].view(1, 3, heads + kv_heads, dim)
     assert torch.allclose(rotated, expected_qk, atol=1e-5)
     assert torch.allclose(k_cache.float(), k_ref.float(), atol=1e-3) and torch.equal(v_cache, v_ref)
 
-    got = ops.attend_paged(qkv, k_cache, v_cache, table, heads, kv_heads, dim)
+    got = attend_paged(ops, qkv, k_cache, v_cache, table, heads, kv_heads, dim)
     groups = heads // kv_heads
     causal = (torch.arange(start + 3)[None, :] <= torch.arange(start, start + 3)[:, None]).repeat(groups, 1)
     ref = _grouped_attention(qkv[:, :heads * dim].view(1, 3, heads, dim),
