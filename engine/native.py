@@ -293,7 +293,7 @@ class NativeEngine(BaseEngine):
                 item.done.set_exception(_engine_error(exc))
         elif not item.cancelled.is_set():
             try:
-                self.scheduler.waiting.append(self._new_sequence(item))
+                self.scheduler.add(self._new_sequence(item))
             except Exception as exc:
                 item.emit(_engine_error(exc))
 
@@ -363,7 +363,6 @@ class NativeEngine(BaseEngine):
                 params.temperature, params.top_k, params.top_p, seq.uniforms.draft_generator))
             if seq.produced:
                 seq.state.extend(seq.tokens[seq.prompt_len:])
-
 
     # ------------------------------------------------------------------------------ step
 

@@ -92,6 +92,10 @@ class Scheduler:
         self.urgent_alone_s = 0.0
         """Recent duration of a step of urgent requests only."""
 
+    def add(self, seq: RequestState) -> None:
+        """A new request: it waits until `admit` gives it blocks."""
+        self.waiting.append(seq)
+
     def in_flight(self) -> int:
         """Requests waiting or running."""
         return len(self.waiting) + len(self.running)
