@@ -362,7 +362,7 @@ class Transformer(nn.Module):
         self.max_seq_len = max_seq_len
         self.rope = rope_frequencies(cfg, max_seq_len, self.device)
         self.rope_pairs = torch.view_as_real(self.rope).contiguous()
-        self._plans: weakref.WeakKeyDictionary[KVPool, tuple[tuple, object]] = weakref.WeakKeyDictionary()
+        self._plans: weakref.WeakKeyDictionary[KVPool, tuple] = weakref.WeakKeyDictionary()
         self._precision = precision
         self._set_int8_weights()
 
