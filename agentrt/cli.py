@@ -20,8 +20,9 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="smollm2-135m",
                         help="a pulled model name or a local Hugging Face model directory")
     parser.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"))
-    parser.add_argument("--drafter-config", help="drafter settings as a JSON object: for native, "
-                        "{\"method\": drafter, ...NativeConfig fields}; for vllm, its speculative_config")
+    parser.add_argument("--drafter-config",
+                        help="drafter settings as a JSON object: for native, {\"method\": drafter, "
+                             "...NativeConfig fields}; for vllm, its speculative_config")
     parser.add_argument("--spec-config", dest="drafter_config", help=argparse.SUPPRESS)  # former name
 
 
