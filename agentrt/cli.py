@@ -12,7 +12,7 @@ from pathlib import Path
 from agentrt.tools.errors import ToolError
 
 from . import __version__
-from .engine_options import ENGINE_KINDS, EngineOptions, make_engine, parse_spec_config
+from .engine_options import ENGINE_KINDS, EngineOptions, make_engine, parse_drafter_config
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -20,7 +20,10 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="smollm2-135m",
                         help="a pulled model name or a local Hugging Face model directory")
     parser.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"))
-    parser.add_argument("--spec-config", help="speculative decoding settings as a JSON object")
+    parser.add_argument("--drafter-config",
+                        help="drafter settings as a JSON object: for native, {\"method\": drafter, "
+                             "...NativeConfig fields}; for vllm, its speculative_config")
+    parser.add_argument("--spec-config", dest="drafter_config", help=argparse.SUPPRESS)  # former name
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,7 +39,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
 def engine_options(args: argparse.Namespace) -> EngineOptions:
     return EngineOptions(
         kind=args.engine, model=args.model, dtype=args.dtype, base_url=args.base_url,
-        spec_config=parse_spec_config(args.spec_config), replay_file=args.replay_file,
+        drafter_config=parse_drafter_config(args.drafter_config), replay_file=args.replay_file,
         tokens_per_second=args.tokens_per_second,
     )
 
@@ -104,13 +107,13 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     from .serve import serve
 
-    spec = dict(parse_spec_config(args.spec_config) or {})
+    spec = dict(parse_drafter_config(args.drafter_config) or {})
     method = spec.pop("method", "suffix")
-    engine = NativeEngine(model=args.model, dtype=args.dtype, speculation=method,
+    engine = NativeEngine(model=args.model, dtype=args.dtype, drafter=method,
                           precision=args.precision, max_seq_len=args.max_seq_len,
                           seed=args.seed, **spec)
     name = args.served_model_name or Path(str(args.model)).name
-    print(f"serving {name} ({args.dtype}, precision {args.precision}, speculation {method}) "
+    print(f"serving {name} ({args.dtype}, precision {args.precision}, drafter {method}) "
           f"at http://{args.host}:{args.port}/v1")
     serve(engine, model_name=name, host=args.host, port=args.port)
     return 0

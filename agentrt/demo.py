@@ -79,7 +79,7 @@ async def _warm_up(engine, agent: Agent) -> None:
 def run_once(label: str, *, speculative: bool, dtype: str) -> tuple[RunResult, object]:
     from agentrt.engine import NativeEngine
 
-    engine = NativeEngine(dtype=dtype, speculation="suffix" if speculative else None, seed=0)
+    engine = NativeEngine(dtype=dtype, drafter="suffix" if speculative else None, seed=0)
     agent = Agent(
         engine, tools=make_tools(), speculation=speculative, max_turns=3,
         sampling=SamplingParams(max_tokens=160), on_event=_live_printer(label),

@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from agentrt.engine.base import Engine
-from agentrt.engine.spec_config import parse_spec_config
+from agentrt.engine.drafter_config import parse_drafter_config
 
-__all__ = ["ENGINE_KINDS", "EngineOptions", "make_engine", "parse_spec_config"]
+__all__ = ["ENGINE_KINDS", "EngineOptions", "make_engine", "parse_drafter_config"]
 
 ENGINE_KINDS = ("native", "vllm", "openai", "replay")
 
@@ -23,9 +23,10 @@ class EngineOptions:
     model: str = "smollm2-135m"
     dtype: str = "bf16"
     base_url: str | None = None
-    spec_config: dict[str, Any] | None = None
-    """Backend speculation settings: for native ``{"method": "suffix"|"ngram"|"draft"|null,
-    "num_speculative_tokens": "auto"|int, ...}``; for vllm, vLLM's ``speculative_config``."""
+    drafter_config: dict[str, Any] | None = None
+    """Backend drafter settings: for native ``{"method": "suffix"|"ngram"|"draft"|null,
+    "draft_tokens": "auto"|int, ...}`` (``method`` names the drafter, the rest are `NativeConfig`
+    fields); for vllm, vLLM's ``speculative_config``."""
     replay_file: str | None = None
     """For ``replay``: a JSON file holding a list of response strings."""
     tokens_per_second: float = 50.0
@@ -36,13 +37,13 @@ def make_engine(opts: EngineOptions) -> Engine:
     if opts.kind == "native":
         from agentrt.engine import NativeEngine
 
-        spec = dict(opts.spec_config or {})
+        spec = dict(opts.drafter_config or {})
         method = spec.pop("method", "suffix")
-        return NativeEngine(model=opts.model, dtype=opts.dtype, speculation=method, **spec)
+        return NativeEngine(model=opts.model, dtype=opts.dtype, drafter=method, **spec)
     if opts.kind == "vllm":
         from agentrt.engine import VLLMEngine
 
-        return VLLMEngine(model=opts.model, dtype=opts.dtype, speculative_config=opts.spec_config)
+        return VLLMEngine(model=opts.model, dtype=opts.dtype, speculative_config=opts.drafter_config)
     if opts.kind == "openai":
         from agentrt.engine import OpenAIEngine
 

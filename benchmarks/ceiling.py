@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from agentrt.engine.native import common_prefix
-from agentrt.engine.proposers import ProposerState
+from agentrt.engine.drafters import DrafterState
+from agentrt.engine.scheduler import common_prefix
 
 
 @dataclass
@@ -29,11 +29,11 @@ class Walk:
     tokens: int = 0
     steps: int = 0
     plain_s: float = 0.0
-    spec_s: float = 0.0
+    drafted_s: float = 0.0
 
     def __add__(self, other: Walk) -> Walk:
         return Walk(self.tokens + other.tokens, self.steps + other.steps,
-                    self.plain_s + other.plain_s, self.spec_s + other.spec_s)
+                    self.plain_s + other.plain_s, self.drafted_s + other.drafted_s)
 
     @property
     def tau(self) -> float | None:
@@ -43,10 +43,10 @@ class Walk:
     @property
     def speedup(self) -> float | None:
         """Decode speed over plain decoding, at the given step costs."""
-        return self.plain_s / self.spec_s if self.spec_s else None
+        return self.plain_s / self.drafted_s if self.drafted_s else None
 
 
-def walk(state: ProposerState, output: Sequence[int], cost: Callable[[int], float],
+def walk(state: DrafterState, output: Sequence[int], cost: Callable[[int], float],
          max_k: int = 16) -> Walk:
     """Walk ``output`` with a drafter state that has seen the prompt; ends the state."""
     totals = Walk()
@@ -55,12 +55,12 @@ def walk(state: ProposerState, output: Sequence[int], cost: Callable[[int], floa
     done = 1
     while done < len(output):
         # the last output token always comes from the target, so it is never matched
-        accepted = common_prefix(state.propose(max_k).tokens, output[done:-1])
+        accepted = common_prefix(state.draft(max_k).tokens, output[done:-1])
         step = output[done:done + accepted + 1]
         state.extend(step)
         done += len(step)
         totals.steps += 1
-        totals.spec_s += cost(accepted + 1)
+        totals.drafted_s += cost(accepted + 1)
     totals.tokens = max(len(output) - 1, 0)
     totals.plain_s = totals.tokens * cost(1)
     state.end()

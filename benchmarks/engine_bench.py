@@ -7,14 +7,14 @@ Greedy decoding throughout.
     python -m benchmarks.run engine [--engine native|vllm|openai] [--dtype bf16]
                                     [--max-tokens 128] [--limit 4] [--sets chat,copy_heavy]
                                     [--systems hf,hf-lookup,plain,ngram,suffix,draft,vllm,...]
-                                    [--spec-config JSON] [--base-url URL] [--served-model NAME]
+                                    [--drafter-config JSON] [--base-url URL] [--served-model NAME]
 
 ``--engine`` picks the default systems (``--systems`` overrides them):
 
-- ``native`` (default): ``hf, hf-lookup, plain, ngram, suffix, draft``; ``--spec-config`` holds
-  extra `NativeEngine` options for the speculative systems, e.g. ``{"num_speculative_tokens": 6}``;
+- ``native`` (default): ``hf, hf-lookup, plain, ngram, suffix, draft``; ``--drafter-config``
+  holds extra `NativeConfig` options for the drafting systems, e.g. ``{"draft_tokens": 6}``;
 - ``vllm``: ``plain, vllm, vllm-spec`` (native plain next to vLLM eager, and vLLM with its
-  ``speculative_config`` = ``--spec-config``, by default n-gram with k=4); needs vLLM importable
+  ``speculative_config`` = ``--drafter-config``, by default n-gram with k=4); needs vLLM importable
   (on CPU: the .venv-vllm virtualenv from ``bash .ci/vllm-venv.sh``);
 - systems in no default set: ``plain-int8`` and ``suffix-int8`` (native with
   ``precision="int8"``) and ``llamacpp`` (llama-cpp-python, ``pip install llama-cpp-python``,
@@ -41,7 +41,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import inspect
+import dataclasses
 import json
 import os
 import platform
@@ -55,14 +55,11 @@ from typing import Any
 import torch
 
 from .ceiling import Walk, walk
+from .engine_common import (PROMPT_DIR, PROMPT_SETS, RESULTS_DIR, VLLM_SYSTEMS, load_prompts,
+                            write_results)
 
-HERE = Path(__file__).resolve().parent
-PROMPT_DIR = HERE / "prompts"
-RESULTS_DIR = HERE / "results"
-PROMPT_SETS = ("agent_code", "chat", "copy_heavy")
 ENGINES = ("native", "vllm", "openai")
 NATIVE_SYSTEMS = ("hf", "hf-lookup", "plain", "ngram", "suffix", "draft")
-VLLM_SYSTEMS = ("vllm", "vllm-spec")
 INT8_SYSTEMS = ("plain-int8", "suffix-int8")
 """Native systems in ``precision="int8"`` (not in any default set)."""
 LLAMACPP_SYSTEMS = ("llamacpp",)
@@ -79,18 +76,19 @@ REFERENCE_SYSTEMS = ("plain", "vllm")
 DESCRIPTIONS = {
     "hf": "transformers generate, greedy",
     "hf-lookup": "transformers generate, prompt_lookup_num_tokens=10",
-    "plain": "native, no speculation",
+    "plain": "native, no drafter",
     "ngram": "native + n-gram prompt lookup",
     "suffix": "native + suffix automaton (cross-request corpus)",
     "draft": "native + layer-skip draft model",
     "vllm": "vLLM AsyncLLM in process, eager, no speculation",
     "vllm-spec": "vLLM AsyncLLM in process, eager, speculative_config",
     "openai": "OpenAIEngine (chat API)",
-    "plain-int8": "native, no speculation, precision='int8' (int8 activations x GGUF blocks)",
+    "plain-int8": "native, no drafter, precision='int8' (int8 activations x GGUF blocks)",
     "suffix-int8": "native + suffix automaton, precision='int8'",
     "llamacpp": "llama-cpp-python on the GGUF the model was pulled from, greedy, no speculation",
 }
-_NATIVE_FIXED_OPTIONS = ("self", "model", "dtype", "device", "speculation", "threads")
+_NATIVE_FIXED_OPTIONS = ("dtype", "device", "drafter", "threads")
+"""`NativeConfig` fields every native system sets itself."""
 
 
 class BenchSetupError(Exception):
@@ -124,19 +122,10 @@ class Plan:
     native_options: dict[str, Any] = field(default_factory=dict)
     """Extra `NativeEngine` options for the native speculative systems."""
     vllm_spec_config: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_VLLM_SPEC))
-    spec_config: dict[str, Any] | None = None
-    """``--spec-config`` as given (after parsing), recorded in the results."""
+    drafter_config: dict[str, Any] | None = None
+    """``--drafter-config`` as given (after parsing), recorded in the results."""
     base_url: str | None = None
     served_model: str | None = None
-
-
-def load_prompts(sets: list[str], limit: int | None) -> list[tuple[str, dict]]:
-    prompts = []
-    for name in sets:
-        with open(PROMPT_DIR / f"{name}.jsonl") as f:
-            rows = [json.loads(line) for line in f if line.strip()]
-        prompts += [(name, row) for row in rows[:limit]]
-    return prompts
 
 
 # ------------------------------------------------------------------------------- systems
@@ -195,8 +184,8 @@ class EngineSystem:
     """Any `Engine` (native, vLLM, OpenAI-compatible), timed on its own stream.
 
     Prefill is the time to the first output delta, decode the time from there to the last output
-    delta; the token count is ``usage.completion_tokens``, the speculation counters come from the
-    final delta's `SpecMetrics` when the backend reports them. Every call runs on ``loop``, the
+    delta; the token count is ``usage.completion_tokens``, the drafting counters come from the
+    final delta's `DecodeMetrics` when the backend reports them. Every call runs on ``loop``, the
     benchmark's one event loop (vLLM's `AsyncLLM` and `OpenAIEngine` bind to their first loop).
     """
 
@@ -266,10 +255,10 @@ def build_system(system: str, plan: Plan, args, path: Path | None,
         from agentrt.engine import NativeEngine
 
         k = args.k if args.k == "auto" else int(args.k)
-        options = {} if system == "plain" else {"num_speculative_tokens": k, **plan.native_options}
+        options = {} if system == "plain" else {"draft_tokens": k, **plan.native_options}
         options.update(extra or {})
         engine = NativeEngine(model=str(path), dtype=args.dtype, device=args.device,
-                              speculation=None if system == "plain" else system,
+                              drafter=None if system == "plain" else system,
                               threads=args.threads, **{"max_seq_len": 4096, **options})
         return EngineSystem(engine, loop)
     if system in VLLM_SYSTEMS:
@@ -349,10 +338,10 @@ def build_single_stream_system(system: str, plan: Plan, args, path: Path,
     if system in INT8_SYSTEMS:
         from agentrt.engine import NativeEngine
 
-        speculation = None if system == "plain-int8" else "suffix"
-        options = {} if speculation is None else plan.native_options
+        drafter = None if system == "plain-int8" else "suffix"
+        options = {} if drafter is None else plan.native_options
         engine = NativeEngine(model=str(path), dtype=args.dtype, device=args.device,
-                              speculation=speculation, threads=args.threads, precision="int8",
+                              drafter=drafter, threads=args.threads, precision="int8",
                               **{"max_seq_len": 4096, **options})
         return EngineSystem(engine, loop)
     from agentrt.engine import models
@@ -376,23 +365,23 @@ def drop_missing_llamacpp(plan: Plan) -> str | None:
 # ------------------------------------------------------------------------------- options
 
 def native_options(value: str) -> dict[str, Any]:
-    """Parse ``--spec-config`` for the native systems: extra `NativeEngine` keyword options.
+    """Parse ``--drafter-config`` for the native systems: extra `NativeConfig` options.
 
-    ``value`` is a JSON object or a path to a JSON file. The speculation method is the system's
-    (``ngram``, ``suffix``, ``draft``), so ``method`` is refused, as is any name `NativeEngine`
-    does not take.
+    ``value`` is a JSON object or a path to a JSON file. The drafter is the system's
+    (``ngram``, ``suffix``, ``draft``), so ``method`` is refused, as is any name that is not a
+    `NativeConfig` field (or one the systems set themselves).
     """
-    from agentrt.engine.native import NativeEngine
-    from agentrt.engine.spec_config import read_json_object
+    from agentrt.engine import NativeConfig
+    from agentrt.engine.drafter_config import read_json_object
 
     options = read_json_object(value)
     if "method" in options:
-        raise ValueError("--spec-config for --engine native takes NativeEngine options only; the "
+        raise ValueError("--drafter-config for --engine native takes NativeConfig options only; the "
                          "method is the system's (ngram, suffix, draft): pick it with --systems")
-    known = set(inspect.signature(NativeEngine.__init__).parameters) - set(_NATIVE_FIXED_OPTIONS)
+    known = {f.name for f in dataclasses.fields(NativeConfig)} - set(_NATIVE_FIXED_OPTIONS)
     unknown = sorted(set(options) - known)
     if unknown:
-        raise ValueError(f"--spec-config: NativeEngine has no option {unknown}; "
+        raise ValueError(f"--drafter-config: NativeEngine has no option {unknown}; "
                          f"choose from {sorted(known)}")
     return options
 
@@ -424,7 +413,7 @@ def server_root(base_url: str) -> str:
 
 def make_plan(args, parser: argparse.ArgumentParser) -> Plan:
     """Check the options against each other; usage errors exit through ``parser.error``."""
-    from agentrt.engine_options import parse_spec_config
+    from agentrt.engine_options import parse_drafter_config
 
     systems = [s for s in (args.systems or ",".join(DEFAULT_SYSTEMS[args.engine])).split(",") if s]
     unknown = [s for s in systems if s not in ALL_SYSTEMS]
@@ -445,24 +434,24 @@ def make_plan(args, parser: argparse.ArgumentParser) -> Plan:
         parser.error("--base-url and --served-model are for the openai system "
                      "(--engine openai, or --systems ...,openai)")
 
-    if args.spec_config is not None:
+    if args.drafter_config is not None:
         if args.engine == "openai":
-            parser.error("--spec-config does not apply to --engine openai: the server decides its "
-                         "speculation (e.g. vLLM's --speculative-config when it starts)")
+            parser.error("--drafter-config does not apply to --engine openai: the server decides "
+                         "its drafter (e.g. vLLM's --speculative-config when it starts)")
         try:
             if args.engine == "native":
-                plan.native_options = native_options(args.spec_config)
-                plan.spec_config = plan.native_options
+                plan.native_options = native_options(args.drafter_config)
+                plan.drafter_config = plan.native_options
             else:
-                config = parse_spec_config(args.spec_config)
+                config = parse_drafter_config(args.drafter_config)
                 if config is None:
-                    parser.error("--spec-config for --engine vllm must describe a speculative "
+                    parser.error("--drafter-config for --engine vllm must describe a speculative "
                                  "config (e.g. {\"method\": \"ngram\", ...})")
-                plan.vllm_spec_config = plan.spec_config = config
+                plan.vllm_spec_config = plan.drafter_config = config
         except ValueError as exc:
             parser.error(str(exc))
     elif args.engine == "vllm":
-        plan.spec_config = plan.vllm_spec_config
+        plan.drafter_config = plan.vllm_spec_config
     return plan
 
 
@@ -489,7 +478,7 @@ def describe(system: str, plan: Plan) -> str:
     if system == "vllm-spec":
         text += f" {json.dumps(plan.vllm_spec_config)}"
     elif system == "openai":
-        text += f" at {plan.base_url}, model `{plan.served_model}` (the server's own speculation)"
+        text += f" at {plan.base_url}, model `{plan.served_model}` (the server's own drafter)"
     elif system in ("ngram", "suffix", "draft", "suffix-int8") and plan.native_options:
         text += f" {json.dumps(plan.native_options)}"
     return text
@@ -507,8 +496,8 @@ def lookup_ceilings(runners: dict, prompts: list[tuple[str, dict]], rows: list[R
     at the set's mean prompt length. Drafters are fresh and see the prompts in run order, as
     the systems did. Empty without native plain or a lookup system."""
     from agentrt.engine import NativeEngine
-    from agentrt.engine.native import StepCosts
-    from agentrt.engine.proposers import NgramProposer, SuffixProposer
+    from agentrt.engine.draft_policy import StepCosts
+    from agentrt.engine.drafters import NgramDrafter, SuffixDrafter
 
     plain = getattr(runners.get("plain"), "engine", None)
     systems = [s for s in LOOKUP_SYSTEMS if s in runners]
@@ -523,10 +512,10 @@ def lookup_ceilings(runners: dict, prompts: list[tuple[str, dict]], rows: list[R
             costs[name] = StepCosts.measure(plain.model, 17, context=int(statistics.mean(lengths)))
     result: dict[str, dict[str, Walk]] = {name: {} for name in [*costs, "all"]}
     for system in systems:
-        proposer = NgramProposer() if system == "ngram" else SuffixProposer()
+        drafter = NgramDrafter() if system == "ngram" else SuffixDrafter()
         for ids, (name, prompt) in zip(prompt_ids, prompts):
             output = outputs[(name, prompt["id"])]
-            totals = walk(proposer.begin(ids), output, costs[name])
+            totals = walk(drafter.begin(ids), output, costs[name])
             for key in (name, "all"):
                 result[key][system] = result[key].get(system, Walk()) + totals
     return result
@@ -643,8 +632,8 @@ def markdown(summary: dict, meta: dict) -> str:
 
 def synthetic(args) -> int:
     """Forward speed on random weights shaped like SmolLM2-135M (no model download needed)."""
-    from agentrt.engine.llama import LlamaConfig, Transformer
-    from agentrt.engine.native import StepCosts
+    from agentrt.engine.draft_policy import StepCosts
+    from agentrt.engine.llama import LlamaConfig, SequenceCache, Transformer
 
     cfg = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30,
                       num_heads=9, num_kv_heads=3, head_dim=64, rope_theta=100000.0,
@@ -654,32 +643,24 @@ def synthetic(args) -> int:
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0, 0.02)
-    model.refresh_weights()
     with torch.inference_mode():
         costs = StepCosts.measure(model, 17)
+        cache = SequenceCache(model, max_len=64 + args.max_tokens)
         tokens = torch.zeros(1, 1, dtype=torch.long, device=args.device)
-        model(torch.zeros(1, 64, dtype=torch.long, device=args.device), 0, "last")
+        cache(torch.zeros(1, 64, dtype=torch.long, device=args.device), 0, "last")
         _sync(args.device)
         start = time.perf_counter()
         for pos in range(64, 64 + args.max_tokens):
-            tokens = model(tokens, pos, "last").argmax(-1)
+            tokens = cache(tokens, pos, "last").argmax(-1)
         _sync(args.device)
         plain = args.max_tokens / (time.perf_counter() - start)
     result = {"synthetic": True, "dtype": args.dtype, "device": args.device,
               "plain_decode_tok_s": plain,
               "forward_ms_by_tokens": {n: s * 1e3 for n, s in costs.points}}
     print(json.dumps(result, indent=2))
-    _write(result, f"# Synthetic forward speed\n\n```\n{json.dumps(result, indent=2)}\n```\n", args)
+    write_results(result, f"# Synthetic forward speed\n\n```\n{json.dumps(result, indent=2)}\n```\n",
+                  args.out)
     return 0
-
-
-def _write(payload: dict, md: str, args) -> None:
-    out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    (out_dir / f"engine-{stamp}.json").write_text(json.dumps(payload, indent=2) + "\n")
-    (out_dir / f"engine-{stamp}.md").write_text(md)
-    print(f"\nwrote {out_dir / f'engine-{stamp}.json'} and .md")
 
 
 # ---------------------------------------------------------------------------------- main
@@ -696,9 +677,10 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, argparse.Arg
     parser.add_argument("--sets", default=",".join(PROMPT_SETS))
     parser.add_argument("--systems", default=None,
                         help=f"comma-separated, from {', '.join(ALL_SYSTEMS)} (default: by --engine)")
-    parser.add_argument("--spec-config", default=None,
-                        help="JSON (or a JSON file): native -> extra NativeEngine options for the "
-                             "speculative systems; vllm -> vllm-spec's speculative_config")
+    parser.add_argument("--drafter-config", default=None,
+                        help="JSON (or a JSON file): native -> extra NativeConfig options for the "
+                             "drafting systems; vllm -> vllm-spec's speculative_config")
+    parser.add_argument("--spec-config", dest="drafter_config", help=argparse.SUPPRESS)  # former name
     parser.add_argument("--base-url", default=None, help="OpenAI-compatible server (openai system)")
     parser.add_argument("--served-model", default=None,
                         help="model name to request from --base-url (default: first of /v1/models)")
@@ -749,7 +731,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.concurrency:
         from . import engine_concurrency
 
-        return engine_concurrency.run(args, plan, path, build_system)
+        def make_engine(system: str, loop: asyncio.AbstractEventLoop, **extra):
+            return build_system(system, plan, args, path, loop, extra).engine
+
+        return engine_concurrency.run(args, plan.systems, plan.sets, make_engine)
     prompts = load_prompts(plan.sets, args.limit)
 
     loop = asyncio.new_event_loop()
@@ -769,7 +754,7 @@ def main(argv: list[str] | None = None) -> int:
             "cpu": platform.processor() or platform.machine(),
             "threads": torch.get_num_threads(), "max_tokens": args.max_tokens,
             "systems": plan.systems, "reference": reference_system(plan.systems), "k": args.k,
-            "spec_config": plan.spec_config, "base_url": plan.base_url,
+            "drafter_config": plan.drafter_config, "base_url": plan.base_url,
             "served_model": plan.served_model, "torch": torch.__version__,
             "descriptions": {s: describe(s, plan) for s in plan.systems}, "notes": notes}
     if any(s in VLLM_SYSTEMS for s in plan.systems):
@@ -782,7 +767,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarise(rows, plan.systems, plan.sets, ceilings)
     md = markdown(summary, meta)
     print(md)
-    _write({"meta": meta, "summary": summary, "rows": [asdict(r) for r in rows]}, md, args)
+    write_results({"meta": meta, "summary": summary, "rows": [asdict(r) for r in rows]}, md, args.out)
     return 0
 
 

@@ -38,6 +38,8 @@ from typing import Any
 
 from agentrt.demo import REVIEWS
 
+from .engine_common import VLLM_SYSTEMS, load_prompts, write_results
+
 NATIVE = ("plain", "ngram", "suffix", "draft")
 RULES = "\n".join(f"Rule {i}: when the input mentions item {i}, answer with the code word "
                   f"alpha-{i * 7 % 13} and nothing else." for i in range(40))
@@ -215,23 +217,22 @@ async def root_with_subqueries(engine, root: list[dict], max_tokens: int,
             "subqueries_done": sum(r.tokens > 0 for r in sub_results)}
 
 
-def run(args, plan, path, build_system) -> int:
-    """The concurrency suite (``--concurrency``); writes results like the main benchmark."""
-    from . import engine_bench as eb
-
+def run(args, systems: list[str], sets: list[str], make_engine) -> int:
+    """The concurrency suite (``--concurrency``) for ``systems`` on the prompt ``sets``; writes
+    results like the main benchmark. ``make_engine(system, loop, **options)`` builds a system's
+    engine on the suite's event loop (``options``: more `NativeConfig` fields)."""
     levels = sorted({int(c) for c in args.concurrency.split(",") if c.strip()})
     if not levels or levels[0] < 1:
         print("engine bench: --concurrency needs positive integers, e.g. 1,2,4,8,16", file=sys.stderr)
         return 2
-    systems = [s for s in plan.systems if s in (*NATIVE, *eb.VLLM_SYSTEMS)]
+    systems = [s for s in systems if s in (*NATIVE, *VLLM_SYSTEMS)]
     prompts = [(f"{name}/{row['id']}", row["messages"]) for name, row in
-               eb.load_prompts(plan.sets, args.limit)]
+               load_prompts(sets, args.limit)]
     loop = asyncio.new_event_loop()
     results: dict[str, Any] = {"levels": {}, "scenarios": {}}
     try:
         for system in systems:
-            runner = build_system(system, plan, args, path, loop)
-            engine = runner.engine
+            engine = make_engine(system, loop)
             try:
                 loop.run_until_complete(run_level(engine, prompts[:1], 1, 8))  # warm-up
                 table = [loop.run_until_complete(run_solo(engine, prompts[:max(levels)],
@@ -268,8 +269,7 @@ def run(args, plan, path, build_system) -> int:
                 loop.run_until_complete(engine.aclose())
             if system == next(s for s in systems if s in NATIVE):  # prefix scenarios: once
                 def factory(prefix_cache: bool, system=system):
-                    return build_system(system, plan, args, path, loop,
-                                        extra={"prefix_cache": prefix_cache}).engine
+                    return make_engine(system, loop, prefix_cache=prefix_cache)
                 scen = results["scenarios"][system]
                 scen["multi_turn"] = loop.run_until_complete(multi_turn(factory, args.max_tokens))
                 scen["shared_prefix_16"] = loop.run_until_complete(
@@ -281,10 +281,10 @@ def run(args, plan, path, build_system) -> int:
         loop.close()
     meta = {"time": time.strftime("%Y-%m-%d %H:%M:%S"), "model": args.model, "dtype": args.dtype,
             "threads": args.threads, "max_tokens": args.max_tokens, "levels": levels,
-            "systems": systems, "sets": plan.sets}
+            "systems": systems, "sets": sets}
     md = markdown(results, meta)
     print(md)
-    eb._write({"meta": meta, "results": results}, md, args)
+    write_results({"meta": meta, "results": results}, md, args.out)
     return 0
 
 

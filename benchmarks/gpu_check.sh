@@ -42,7 +42,7 @@ echo "== native bf16 forward vs transformers on CUDA"
 timeout 90 $PY - <<'EOF' || status=1
 import torch
 from agentrt.engine import models
-from agentrt.engine.llama import Transformer
+from agentrt.engine.llama import SequenceCache, Transformer
 try:
     path = models.resolve("smollm2-135m", "bf16")
 except Exception as exc:
@@ -52,9 +52,10 @@ from transformers import AutoModelForCausalLM
 ours = Transformer.from_pretrained(path, "bf16", "cuda", max_seq_len=256)
 hf = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32).cuda().eval()
 ids = torch.randint(0, ours.vocab_size, (1, 32), device="cuda")
+cache = SequenceCache(ours)
 with torch.inference_mode():
     ref = hf(ids).logits
-    got = torch.cat([ours(ids[:, :24], 0), *[ours(ids[:, i:i + 1], i) for i in range(24, 32)]], 1)
+    got = torch.cat([cache(ids[:, :24], 0), *[cache(ids[:, i:i + 1], i) for i in range(24, 32)]], 1)
 err = ((got - ref).abs().max() / ref.abs().max()).item()
 agree = (got.argmax(-1) == ref.argmax(-1)).float().mean().item()
 print(f"max relative logit error {err:.2e}, top-1 agreement {agree:.3f}")

@@ -17,7 +17,8 @@ from .base import (
     complete,
 )
 from .forced import ForcedEngine
-from .metrics import SpecMetrics
+from .metrics import DecodeMetrics
+from .native_config import NativeConfig
 from .replay import ReplayEngine
 
 _LAZY = {
@@ -28,7 +29,8 @@ _LAZY = {
 
 __all__ = [
     "BaseEngine", "Completion", "Delta", "Engine", "EngineError", "EngineStreamError", "Message",
-    "SamplingParams", "Usage", "complete", "SpecMetrics", "ReplayEngine", "ForcedEngine", *_LAZY,
+    "SamplingParams", "Usage", "complete", "DecodeMetrics", "NativeConfig", "ReplayEngine",
+    "ForcedEngine", *_LAZY,
 ]
 
 

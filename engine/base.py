@@ -2,7 +2,7 @@
 
 An engine turns a chat (a list of ``{"role": ..., "content": ...}`` messages) into an async
 stream of `Delta` objects. The last delta of a stream carries ``finish_reason``, ``usage`` and,
-where the backend has them, speculative-decoding ``metrics``.
+where the backend has them, decoding ``metrics`` (`DecodeMetrics`: drafts, acceptance, timings).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from .metrics import SpecMetrics
+from .metrics import DecodeMetrics
 
 Message = dict[str, str]
 """One chat message: ``{"role": "system" | "user" | "assistant", "content": str}``."""
@@ -128,7 +128,7 @@ class Delta:
     finish_reason: str | None = None
     """``"stop"`` (end of sequence or stop string), ``"length"`` (max_tokens), or ``None``."""
     usage: Usage | None = None
-    metrics: SpecMetrics | None = None
+    metrics: DecodeMetrics | None = None
 
 
 @dataclass
@@ -139,7 +139,7 @@ class Completion:
     token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     usage: Usage = field(default_factory=Usage)
-    metrics: SpecMetrics | None = None
+    metrics: DecodeMetrics | None = None
 
 
 @runtime_checkable
@@ -176,8 +176,8 @@ class BaseEngine:
     def remember(self, text: str) -> None:
         return None
 
-    def metrics(self) -> SpecMetrics | None:
-        """Speculative-decoding metrics aggregated over the engine's life, if it has them."""
+    def metrics(self) -> DecodeMetrics | None:
+        """Decoding metrics aggregated over the engine's life, if it has them."""
         return None
 
     async def aclose(self) -> None:

@@ -1,15 +1,15 @@
-"""Compiled CPU helpers for the native engine's decode step (AVX2 + FMA, C via ctypes).
+"""Compiled CPU helpers for the native engine's step (AVX2 + FMA, C via ctypes).
 
 On a CPU without native bf16 matmul, a 135M-parameter decode step is dominated by torch's
 per-op dispatch and by widening bf16 weights. These few C functions replace the hot ops: the
 bf16-weight matmul (and its twin reading GGUF blocks, see `agentrt.engine.packed`), RMSNorm,
-the SiLU gate, RoPE + KV-cache store and causal attention, and `decode_layers`, which runs a
-whole decode step's layers through them in one call; ``csrc/int8_ops.c`` adds the integer matmul
-of int8-quantised activations against the GGUF blocks (`CpuOps.int8_linear`). The sources
-(`_SOURCES`) are compiled once with gcc (``_GCC_FLAGS``) into one library in the agentrt home,
-cached by their content and the flags; where that is
-impossible (no AVX2, no gcc, ``AGENTRT_CPU_KERNEL=0``) `cpu_ops` returns None and plain torch ops
-run instead.
+the SiLU gate, RoPE + KV-cache store and causal attention over a paged cache, and
+`decode_layers_paged`, which runs a whole step's layers through them in one call;
+``csrc/int8_ops.c`` adds the integer matmul of int8-quantised activations against the GGUF
+blocks (`CpuOps.int8_linear`). The sources (`_SOURCES`) are compiled once with gcc
+(``_GCC_FLAGS``) into one library in the agentrt home, cached by their content and the flags;
+where that is impossible (no AVX2, no gcc, ``AGENTRT_CPU_KERNEL=0``) `cpu_ops` returns None and
+plain torch ops run instead.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import math
 import os
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -54,7 +55,7 @@ class _Seq(ctypes.Structure):
 
 @dataclass(frozen=True)
 class LayerShape:
-    """The sizes `CpuOps.decode_layers` needs (hidden, MLP width, heads, kv heads, head dim)."""
+    """The sizes `CpuOps.decode_layers_paged` needs (hidden, MLP width, heads, kv heads, head dim)."""
 
     hidden: int
     intermediate: int
@@ -79,24 +80,15 @@ class CpuOps:
     overhead dominates a 135M-parameter decode step on CPU."""
 
     def __init__(self, lib: ctypes.CDLL):
+        self.lib = lib
+        """The library itself: its other functions are the steps of `decode_layers_paged`
+        (RoPE + cache store, paged attention, the SiLU gate) and of `int8_linear`."""
         i64, ptr, f32, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
         self._linear = self._fn(lib.bf16_linear, [ptr, ptr, ptr, ptr, i64, i64, i64, i32])
         self._rms_norm = self._fn(lib.rms_norm, [ptr, ptr, ptr, i64, i64, f32])
-        self._silu_mul = self._fn(lib.silu_mul, [ptr, ptr, i64, i64])
-        self._rope_store = self._fn(lib.rope_store, [ptr, ptr, i64, i64, i64, i64, i64, ptr, ptr, i64])
         self._packed_linear = self._fn(lib.packed_linear,
                                        [ptr, ptr, i32, i32, ptr, ptr, i64, i64, i64, i32])
-        self._attend = self._fn(lib.attend, [ptr, i64, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, f32, i32])
-        self._quantize_q8_rows = self._fn(lib.quantize_q8_rows, [ptr, i64, i64, ptr, ptr, ptr])
-        self._q8_blocks_linear = self._fn(lib.q8_blocks_linear,
-                                          [ptr, ptr, ptr, ptr, i32, ptr, ptr, i64, i64, i64, i32])
         self._int8_linear = self._fn(lib.int8_linear, [ptr, ptr, i32, ptr, ptr, i64, i64, i64, i32])
-        self._decode_layers = self._fn(lib.decode_layers, [ptr, i64, i64, ptr, i64, i64, i64, i64, i64,
-                                                           i64, i64, ptr, f32, f32, i32, i32])
-        self._rope_store_paged = self._fn(lib.rope_store_paged,
-                                          [ptr, ptr, ptr, i64, i64, i64, i64, ptr, ptr, i64])
-        self._attend_paged = self._fn(lib.attend_paged, [ptr, i64, ptr, ptr, ptr, ptr, i64, i64, i64,
-                                                         i64, i64, f32, i32])
         self._decode_layers_paged = self._fn(lib.decode_layers_paged,
                                              [ptr, i64, ptr, i64, ptr, i64, i64, i64, i64, i64, i64,
                                               i64, ptr, f32, f32, i32, i32])
@@ -140,107 +132,38 @@ class CpuOps:
                           x.shape[0], w.out_features, w.in_features, torch.get_num_threads())
         return y
 
-    def quantize_q8_rows(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """``x[M, K]`` (float32, K % 32 == 0) as int8 codes ``[M, K]``, block scales
-        ``[M, K / 32]`` and scaled block sums ``[M, K / 32]`` (see ``csrc/int8_ops.c``)."""
-        if x.dim() != 2 or x.shape[1] % 32 or not x.is_contiguous() or x.dtype != torch.float32:
-            raise ValueError(f"quantize_q8_rows needs contiguous float32 [M, K % 32 == 0], "
-                             f"got {x.dtype} {tuple(x.shape)}")
-        rows, width = x.shape
-        q = torch.empty(rows, width, dtype=torch.int8)
-        d, sx = torch.empty(rows, width // 32), torch.empty(rows, width // 32)
-        self._quantize_q8_rows(x.data_ptr(), rows, width, q.data_ptr(), d.data_ptr(), sx.data_ptr())
-        return q, d, sx
-
-    def q8_blocks_linear(self, q: Tensor, d: Tensor, sx: Tensor, w: "InterleavedMatrix",
-                         residual: Tensor | None = None) -> Tensor:
-        """`int8_linear` on activations already quantised by `quantize_q8_rows`."""
-        if q.dtype != torch.int8 or q.dim() != 2 or q.shape[1] != w.in_features:
-            raise ValueError(f"q8_blocks_linear needs int8 codes [M, {w.in_features}]")
-        y = torch.empty(q.shape[0], w.out_features)
-        self._q8_blocks_linear(q.data_ptr(), d.data_ptr(), sx.data_ptr(), w.blocks.data_ptr(),
-                               _PACKED_KINDS[w.kind], y.data_ptr(),
-                               None if residual is None else residual.data_ptr(),
-                               q.shape[0], w.out_features, w.in_features, torch.get_num_threads())
-        return y
-
     def rms_norm(self, x: Tensor, w: Tensor, eps: float) -> Tensor:
         y = torch.empty_like(x)
         self._rms_norm(x.data_ptr(), w.data_ptr(), y.data_ptr(), x.shape[0], x.shape[1], eps)
         return y
 
-    def silu_mul(self, gate_up: Tensor) -> Tensor:
-        rows, width = gate_up.shape
-        y = torch.empty(rows, width // 2)
-        self._silu_mul(gate_up.data_ptr(), y.data_ptr(), rows, width // 2)
-        return y
-
-    def rope_store(self, qkv: Tensor, rope: Tensor, start: int, heads: int, kv_heads: int,
-                   head_dim: int, k_cache: Tensor, v_cache: Tensor) -> None:
-        _check_cache(k_cache, v_cache)
-        self._rope_store(qkv.data_ptr(), rope.data_ptr(), start, qkv.shape[0], heads, kv_heads,
-                         head_dim, k_cache.data_ptr(), v_cache.data_ptr(), k_cache.shape[-2])
-
-    def attend(self, qkv: Tensor, k_cache: Tensor, v_cache: Tensor, start: int,
-               heads: int, kv_heads: int, head_dim: int) -> Tensor:
-        """Causal attention of the n query rows in ``qkv[n, ...]`` (positions ``start ..``);
-        ``head_dim`` must be a multiple of 32."""
-        if head_dim % 32 or heads % kv_heads:
-            raise ValueError(f"attend needs head_dim % 32 == 0 and heads % kv_heads == 0, got "
-                             f"head_dim={head_dim}, heads={heads}, kv_heads={kv_heads}")
-        _check_cache(k_cache, v_cache)
-        n = qkv.shape[0]
-        out = torch.empty(n, heads * head_dim)
-        self._attend(qkv.data_ptr(), qkv.stride(0), k_cache.data_ptr(), v_cache.data_ptr(),
-                     out.data_ptr(), n, start, heads, kv_heads, head_dim, k_cache.shape[-2],
-                     1.0 / math.sqrt(head_dim), torch.get_num_threads())
-        return out
-
     @staticmethod
-    def layer_plan(layers: list[dict], caches: list[tuple[Tensor, Tensor]]) -> ctypes.Array:
-        """The pointers `decode_layers` reads, one entry per layer: ``layers`` are a model's
-        per-layer weight tables (bf16 matrices ``wqkv, wo, w_gate_up, w_down``, float32 norms and
-        optional ``bqkv``, optional ``packed`` blocks and ``int8`` interleaved blocks: a matrix
-        with the latter multiplies int8 activations at every row count), ``caches`` its
-        ``[1, KV, T, D]`` k/v pairs. The tensors must outlive the plan."""
-        def matrix(w: dict, name: str) -> _Matrix:
-            blocks = (w.get("packed") or {}).get(name)
-            fast = (w.get("int8") or {}).get(name)
+    def layer_plan(layers: Sequence[object], caches: Sequence[tuple[Tensor, Tensor]]) -> ctypes.Array:
+        """The pointers `decode_layers_paged` reads, one entry per layer. Each of ``layers`` (a
+        model's `Block`) holds bf16 matrices ``wqkv, wo, w_gate_up, w_down``, float32 norms
+        ``attn_norm, mlp_norm``, an optional float32 ``bqkv``, and dicts ``packed`` (GGUF
+        blocks) and ``int8`` (the blocks interleaved: such a matrix multiplies int8 activations
+        at every row count) by matrix name; ``caches`` are its k/v block pools
+        ``[blocks, KV, block_size, D]``. The tensors must outlive the plan."""
+        def matrix(layer, name: str) -> _Matrix:
+            dense = getattr(layer, name).data_ptr()
+            blocks, fast = layer.packed.get(name), layer.int8.get(name)
             if blocks is None:
-                return _Matrix(w[name].data_ptr(), None, 0, None)
-            return _Matrix(w[name].data_ptr(), blocks.blocks.data_ptr(), _PACKED_KINDS[blocks.kind],
+                return _Matrix(dense, None, 0, None)
+            return _Matrix(dense, blocks.blocks.data_ptr(), _PACKED_KINDS[blocks.kind],
                            None if fast is None else fast.blocks.data_ptr())
 
-        def ptr(t: Tensor | None) -> int | None:
-            return None if t is None else t.data_ptr()
-
         plan = (_Layer * len(layers))()
-        for entry, w, (k, v) in zip(plan, layers, caches):
-            entry.attn_norm, entry.mlp_norm = w["attn_norm"].data_ptr(), w["mlp_norm"].data_ptr()
-            entry.bqkv = ptr(w["bqkv"])
-            entry.qkv, entry.o = matrix(w, "wqkv"), matrix(w, "wo")
-            entry.gate_up, entry.down = matrix(w, "w_gate_up"), matrix(w, "w_down")
+        for entry, layer, (k, v) in zip(plan, layers, caches, strict=True):
+            entry.attn_norm, entry.mlp_norm = layer.attn_norm.data_ptr(), layer.mlp_norm.data_ptr()
+            entry.bqkv = None if layer.bqkv is None else layer.bqkv.data_ptr()
+            entry.qkv, entry.o = matrix(layer, "wqkv"), matrix(layer, "wo")
+            entry.gate_up, entry.down = matrix(layer, "w_gate_up"), matrix(layer, "w_down")
             _check_cache(k, v)
             entry.k_cache, entry.v_cache = k.data_ptr(), v.data_ptr()
         return plan
 
-    def decode_layers(self, x: Tensor, start: int, plan: ctypes.Array, shape: LayerShape,
-                      cache_len: int, rope: Tensor, packed_max_rows: int) -> None:
-        """Run ``x[n, hidden]`` (float32, contiguous, n <= 32; updated in place) through every
-        layer of ``plan`` at positions ``start ..``: RMSNorm, qkv (+ bias), RoPE + cache store,
-        attention, output projection, RMSNorm, SiLU-gated MLP, both residuals. The same kernels
-        as the one-op-per-call path, in the same order: identical results, one call."""
-        n = x.shape[0]
-        if not 0 < n <= 32 or not x.is_contiguous() or x.dtype != torch.float32:
-            raise ValueError(f"decode_layers needs contiguous float32 x with 1..32 rows, got "
-                             f"{x.dtype} {tuple(x.shape)}")
-        self._decode_layers(x.data_ptr(), n, start, ctypes.addressof(plan), len(plan), shape.hidden,
-                            shape.intermediate, shape.heads, shape.kv_heads, shape.head_dim,
-                            cache_len, rope.data_ptr(), shape.eps, 1.0 / math.sqrt(shape.head_dim),
-                            packed_max_rows, torch.get_num_threads())
-
-
-    # ------------------------------------------------------- ragged batch, paged KV cache
+    # ------------------------------------------------------------- a step over a paged KV cache
 
     @staticmethod
     def seq_table(seqs: list[tuple[int, int, int, Tensor]]) -> ctypes.Array:
@@ -253,35 +176,13 @@ class CpuOps:
             entry.row0, entry.n, entry.start, entry.blocks = row0, n, start, blocks.data_ptr()
         return table
 
-    def rope_store_paged(self, qkv: Tensor, rope: Tensor, seqs: ctypes.Array, heads: int,
-                         kv_heads: int, head_dim: int, k_pool: Tensor, v_pool: Tensor) -> None:
-        """`rope_store` for a ragged batch: each sequence's rows at its own positions, keys and
-        values stored in the block pools ``[blocks, KV, block_size, D]`` by its block table."""
-        _check_cache(k_pool, v_pool)
-        self._rope_store_paged(qkv.data_ptr(), rope.data_ptr(), ctypes.addressof(seqs), len(seqs),
-                               heads, kv_heads, head_dim, k_pool.data_ptr(), v_pool.data_ptr(),
-                               k_pool.shape[2])
-
-    def attend_paged(self, qkv: Tensor, k_pool: Tensor, v_pool: Tensor, seqs: ctypes.Array,
-                     heads: int, kv_heads: int, head_dim: int) -> Tensor:
-        """`attend` for a ragged batch over block pools: every row attends to its own sequence's
-        positions up to its own; a row's result never depends on the rest of the batch."""
-        if head_dim % 32 or heads % kv_heads:
-            raise ValueError(f"attend needs head_dim % 32 == 0 and heads % kv_heads == 0, got "
-                             f"head_dim={head_dim}, heads={heads}, kv_heads={kv_heads}")
-        _check_cache(k_pool, v_pool)
-        out = torch.empty(qkv.shape[0], heads * head_dim)
-        self._attend_paged(qkv.data_ptr(), qkv.stride(0), k_pool.data_ptr(), v_pool.data_ptr(),
-                           out.data_ptr(), ctypes.addressof(seqs), len(seqs), heads, kv_heads,
-                           head_dim, k_pool.shape[2], 1.0 / math.sqrt(head_dim),
-                           torch.get_num_threads())
-        return out
-
     def decode_layers_paged(self, x: Tensor, seqs: ctypes.Array, plan: ctypes.Array,
                             shape: LayerShape, block_size: int, rope: Tensor,
                             packed_max_rows: int) -> None:
-        """`decode_layers` for a ragged batch (``plan`` built over block pools): ``x[n, hidden]``
-        holds every sequence's rows, updated in place."""
+        """Run ``x[n, hidden]`` (float32, contiguous; every sequence's rows, updated in place)
+        through every layer of ``plan`` (built over block pools): RMSNorm, qkv (+ bias), RoPE +
+        cache store, attention, output projection, RMSNorm, SiLU-gated MLP, both residuals.
+        The matmuls see all rows at once; RoPE and attention go per sequence."""
         if x.dim() != 2 or not x.is_contiguous() or x.dtype != torch.float32 or x.shape[0] < 1:
             raise ValueError(f"decode_layers_paged needs contiguous float32 rows, got "
                              f"{x.dtype} {tuple(x.shape)}")
@@ -291,7 +192,6 @@ class CpuOps:
                                   block_size, rope.data_ptr(), shape.eps,
                                   1.0 / math.sqrt(shape.head_dim), packed_max_rows,
                                   torch.get_num_threads())
-
 
 
 def _check_cache(*caches: Tensor) -> None:

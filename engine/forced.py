@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING
 
 from .base import BaseEngine, Delta, EngineError, Message, SamplingParams
-from .metrics import SpecMetrics
+from .metrics import DecodeMetrics
 
 if TYPE_CHECKING:  # the native engine needs torch; keep this import cheap
     from .native import NativeEngine
@@ -31,7 +31,7 @@ class ForcedEngine(BaseEngine):
     The streamed text equals the scripted reply exactly, cut like any generation by
     ``params.max_tokens`` (finish ``"length"``) and ``params.stop``; otherwise it ends with
     ``"stop"`` after the script. Sampling parameters other than those and ``priority`` have no
-    effect (the script decides every token). Usage and `SpecMetrics` are the native engine's, and
+    effect (the script decides every token). Usage and `DecodeMetrics` are the native engine's, and
     count in its `NativeEngine.metrics`. A call past the last response raises `EngineError`.
 
     ``engine`` stays the caller's: `aclose` leaves it open (it may serve other runs; clear what
@@ -69,6 +69,6 @@ class ForcedEngine(BaseEngine):
         """Offer ``text`` to the native engine's drafter, as a live run would."""
         self.engine.remember(text)
 
-    def metrics(self) -> SpecMetrics:
+    def metrics(self) -> DecodeMetrics:
         """The native engine's metrics (every request it served, forced or not)."""
         return self.engine.metrics()

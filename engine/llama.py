@@ -1,18 +1,21 @@
-"""A lean Llama-family decoder in plain torch, with a static preallocated KV cache.
+"""A lean Llama-family decoder in plain torch over a paged KV cache.
 
 Covers Llama / Mistral / Qwen2 / Qwen3 style checkpoints: RMSNorm, rotary embeddings (default,
 linear and llama3 scaling), grouped-query attention, SiLU-gated MLP, optional q/k/v bias (Qwen2),
 optional q/k norms (Qwen3) and tied embeddings. Weights load from ``*.safetensors`` +
 ``config.json`` in a Hugging Face directory.
 
-``forward(tokens[B, n], start_pos)`` runs ``n`` new tokens at positions
-``start_pos .. start_pos + n - 1``, writing their keys/values into the cache and attending over
-everything before them. Nothing else is stored, so rolling back rejected tokens is just calling
-the next forward with a smaller ``start_pos``.
+There is one forward and one KV cache. ``forward(tokens[n], seqs, pool)`` runs one step: the
+rows of one or more sequences (`SeqRows`: start position, row count, block table), their keys
+and values written into the blocks of a `KVPool`, each row attending to its own sequence up to
+its own position. Nothing else is stored, so rolling back rejected tokens is just running the
+next step from a smaller start. A single sequence is one block table: `SequenceCache` holds a
+few sequences' block tables and runs ``tokens[B, n]`` at a start position.
 
 Precision: weights keep the checkpoint's dtype. On CUDA (and for fp32 weights) activations use
-the weight dtype. On CPU with bf16/fp16 weights, activations and the KV cache are float32 and
-every projection goes through `Matmul`, which reads half-precision weights directly (see there).
+the weight dtype. On CPU with bf16 weights activations are float32, keys and values float16,
+and every layer runs in the compiled kernels (`CpuOps.decode_layers_paged`); elsewhere each
+`Block` runs on torch ops.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from __future__ import annotations
 import json
 import logging
 import math
+import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,15 +34,13 @@ from torch import Tensor, nn
 
 from . import packed as packed_weights
 from .cpu_ops import CACHE_DTYPE, CpuOps, LayerShape, cpu_ops
+from .kv_cache import DEFAULT_BLOCK_SIZE, KVPool
+from .native_config import PRECISIONS
 from .packed import InterleavedMatrix, PackedMatrix
 
 log = logging.getLogger(__name__)
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-PRECISIONS = ("exact", "int8")
-"""``exact``: the checkpoint's weights in float32 arithmetic (bit-identical with or without GGUF
-blocks); ``int8``: matrices kept in GGUF blocks multiply int8-quantised activations
-(`CpuOps.int8_linear`, llama.cpp's arithmetic class), faster and close but not identical."""
 
 
 @dataclass(frozen=True)
@@ -150,48 +153,32 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     return F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(weight.dtype) * weight
 
 
-# --------------------------------------------------------------------------- CPU kernels
+# ------------------------------------------------------------------------------ matmuls
 
 class Matmul:
-    """``x @ w.T (+ b) (+ residual)`` for one model, where weights and activations may differ in dtype.
+    """``x @ w.T (+ b) (+ residual)`` on torch ops, where weights and activations may differ in
+    dtype (the torch path: float32 checkpoints, CUDA, architectures the fused kernels do not
+    cover).
 
     ``compute_dtype`` is the activations' dtype. On CPU with bf16 weights and float32
-    activations, up to ``kernel_max_rows`` rows use the AVX2 kernel (`CpuOps.linear`): it
-    streams the bf16 weights once and accumulates in float32, so verifying 8 draft tokens costs
-    little more than decoding one (torch's bf16 matmul on CPUs without native bf16 costs about
-    linearly in rows), and a row's result does not depend on the batch. More rows (long
-    prefills) widen the weight to float32 for torch's GEMM. Without the kernel: torch bf16 for
-    one row, widened weights for several.
+    activations, up to ``kernel_max_rows`` rows use the AVX2 kernel (`CpuOps.linear`), which
+    streams the bf16 weights once and accumulates in float32; more rows widen the weight to
+    float32 for torch's GEMM. Without the kernel: torch bf16 for one row, widened weights for
+    several.
     """
 
     def __init__(self, weight_dtype: torch.dtype, compute_dtype: torch.dtype,
-                 ops: CpuOps | None = None, kernel_max_rows: int = 48, packed_max_rows: int = 3):
+                 ops: CpuOps | None = None, kernel_max_rows: int = 48):
         self.weight_dtype, self.compute_dtype = weight_dtype, compute_dtype
         self.mixed = weight_dtype != compute_dtype
         self.ops = ops if (self.mixed and weight_dtype == torch.bfloat16
                            and compute_dtype == torch.float32) else None
         self.kernel_max_rows = kernel_max_rows
-        self.packed_max_rows = packed_max_rows
 
     def __call__(self, x: Tensor, w: Tensor, b: Tensor | None = None,
-                 residual: Tensor | None = None, packed: PackedMatrix | None = None,
-                 int8: InterleavedMatrix | None = None) -> Tensor:
-        """``packed``: the same matrix in GGUF blocks (bit-identical values, see
-        `agentrt.engine.packed`); used for up to ``packed_max_rows`` rows, where streaming
-        fewer bytes pays more than widening the blocks costs. ``int8``: the blocks interleaved
-        for `CpuOps.int8_linear` (``"int8"`` precision), used at every row count (~30 us per
-        row of a 3072x576 matrix on one core, against 40-75 for widening to float32 + MKL)."""
+                 residual: Tensor | None = None) -> Tensor:
         rows, k = x.shape
-        if int8 is not None and self.ops is not None:
-            y = self.ops.int8_linear(x.contiguous(), int8, residual if b is None else None)
-            if b is None:
-                return y
-            y = y + b
-        elif packed is not None and self.ops is not None and rows <= self.packed_max_rows:
-            if b is None:
-                return self.ops.packed_linear(x.contiguous(), packed, True, residual)
-            y = self.ops.packed_linear(x.contiguous(), packed, True) + b
-        elif self.ops is not None and rows <= self.kernel_max_rows and k % 8 == 0:
+        if self.ops is not None and rows <= self.kernel_max_rows and k % 8 == 0:
             if b is None:
                 return self.ops.linear(x.contiguous(), w, residual)
             y = self.ops.linear(x.contiguous(), w) + b
@@ -205,85 +192,109 @@ class Matmul:
         return y if residual is None else residual + y
 
 
-class Block(nn.Module):
-    """One decoder layer with fused qkv and gate/up projections.
+def kernel_linear(ops: CpuOps, x: Tensor, dense: Tensor, packed: PackedMatrix | None,
+                  int8: InterleavedMatrix | None, packed_max_rows: int,
+                  residual: Tensor | None = None) -> Tensor:
+    """``x @ W^T (+ residual)`` with the row-independent CPU kernels only, as ``matrix_apply``
+    does it in C: the int8 kernel where ``int8`` blocks are given (``"int8"`` precision), else
+    the GGUF blocks for up to ``packed_max_rows`` rows, else the bf16 kernel, whatever the
+    number of rows (no float32 GEMM, whose row results may depend on the batch)."""
+    if int8 is not None:
+        return ops.int8_linear(x, int8, residual)
+    if packed is not None and x.shape[0] <= packed_max_rows:
+        return ops.packed_linear(x, packed, True, residual)
+    return ops.linear(x, dense, residual)
 
-    q and k rows are stored in adjacent-pair RoPE order (`interleave_halves`). Attention uses a
-    grouped layout: the ``heads / kv_heads`` query heads sharing a kv head are stacked along the
-    query axis, so grouped-query attention needs no key/value expansion.
+
+# ------------------------------------------------------------------------------- the model
+
+@dataclass(frozen=True)
+class SeqRows:
+    """One sequence's rows in a step: ``n`` rows at positions ``start .. start + n - 1``, its
+    keys and values in the pool blocks of ``blocks`` (int32, position t in block
+    ``blocks[t // block_size]``)."""
+
+    start: int
+    n: int
+    blocks: Tensor
+
+
+class Block(nn.Module):
+    """One decoder layer with fused qkv and gate/up projections; it holds every weight it reads.
+
+    Matrices keep the checkpoint dtype; norms and the qkv bias are held in the compute dtype
+    (the checkpoint's values, exactly). ``packed``: the same matrices in GGUF blocks where they
+    reproduce them bit for bit (`Transformer.use_packed`); ``int8``: those blocks interleaved
+    for `CpuOps.int8_linear` (``"int8"`` precision). q and k rows are stored in adjacent-pair
+    RoPE order (`interleave_halves`). Attention uses a grouped layout: the ``heads / kv_heads``
+    query heads sharing a kv head are stacked along the query axis, so grouped-query attention
+    needs no key/value expansion.
     """
 
-    def __init__(self, cfg: LlamaConfig, dtype: torch.dtype, device):
+    MATRICES = ("wqkv", "wo", "w_gate_up", "w_down")
+
+    def __init__(self, cfg: LlamaConfig, dtype: torch.dtype, compute_dtype: torch.dtype, device):
         super().__init__()
         self.cfg = cfg
         q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-        kw = dict(dtype=dtype, device=device)
-        self.attn_norm = nn.Parameter(torch.ones(cfg.hidden_size, **kw), requires_grad=False)
-        self.wqkv = nn.Parameter(torch.empty(q + 2 * kv, cfg.hidden_size, **kw), requires_grad=False)
-        self.bqkv = (nn.Parameter(torch.zeros(q + 2 * kv, **kw), requires_grad=False)
-                     if cfg.attention_bias else None)
+        mat = dict(dtype=dtype, device=device)
+        vec = dict(dtype=compute_dtype, device=device)
+
+        def param(t: Tensor) -> nn.Parameter:
+            return nn.Parameter(t, requires_grad=False)
+
+        self.attn_norm = param(torch.ones(cfg.hidden_size, **vec))
+        self.wqkv = param(torch.empty(q + 2 * kv, cfg.hidden_size, **mat))
+        self.bqkv = param(torch.zeros(q + 2 * kv, **vec)) if cfg.attention_bias else None
         self.q_norm = self.k_norm = None
         if cfg.qk_norm:
-            self.q_norm = nn.Parameter(torch.ones(cfg.head_dim, **kw), requires_grad=False)
-            self.k_norm = nn.Parameter(torch.ones(cfg.head_dim, **kw), requires_grad=False)
-        self.wo = nn.Parameter(torch.empty(cfg.hidden_size, q, **kw), requires_grad=False)
-        self.mlp_norm = nn.Parameter(torch.ones(cfg.hidden_size, **kw), requires_grad=False)
-        self.w_gate_up = nn.Parameter(
-            torch.empty(2 * cfg.intermediate_size, cfg.hidden_size, **kw), requires_grad=False)
-        self.w_down = nn.Parameter(
-            torch.empty(cfg.hidden_size, cfg.intermediate_size, **kw), requires_grad=False)
+            self.q_norm = param(torch.ones(cfg.head_dim, **vec))
+            self.k_norm = param(torch.ones(cfg.head_dim, **vec))
+        self.wo = param(torch.empty(cfg.hidden_size, q, **mat))
+        self.mlp_norm = param(torch.ones(cfg.hidden_size, **vec))
+        self.w_gate_up = param(torch.empty(2 * cfg.intermediate_size, cfg.hidden_size, **mat))
+        self.w_down = param(torch.empty(cfg.hidden_size, cfg.intermediate_size, **mat))
+        self.packed: dict[str, PackedMatrix] = {}
+        self.int8: dict[str, InterleavedMatrix] = {}
 
-    def forward(self, x: Tensor, freqs: Tensor, start_pos: int, bsz: int, mask: Tensor | None,
-                w: dict[str, Tensor | None], k_cache: Tensor, v_cache: Tensor, mm: Matmul) -> Tensor:
-        """Run the layer on ``x[B * n, hidden]`` with weights ``w`` (see `Transformer.layer_weights`),
-        writing keys/values at ``start_pos`` into the caches ``[B_max, kv_heads, T_max, head_dim]``
-        and attending with ``mask[groups * n, start_pos + n]`` (None: see everything)."""
+    def forward(self, x: Tensor, seqs: Sequence[SeqRows], k_pool: Tensor, v_pool: Tensor,
+                rope: Tensor, mm: Matmul) -> Tensor:
+        """The layer on torch ops for the rows ``x[n, hidden]`` of ``seqs``: keys and values
+        written into the block pools ``[blocks, kv_heads, block_size, head_dim]``, each row
+        attending to its own sequence up to its own position (``rope``: `Transformer.rope`)."""
         cfg = self.cfg
-        n = x.shape[0] // bsz
         h, kvh, hd, eps = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps
-        qkv = mm(rms_norm(x, w["attn_norm"], eps), w["wqkv"], w["bqkv"])
-        qk = qkv[:, :(h + kvh) * hd].view(bsz, n, h + kvh, hd)
-        v = qkv[:, (h + kvh) * hd:].view(bsz, n, kvh, hd)
-        if w["q_norm"] is not None:
-            qk = torch.cat([rms_norm(qk[:, :, :h], w["q_norm"], eps),
-                            rms_norm(qk[:, :, h:], w["k_norm"], eps)], dim=2)
-        qk = apply_rope(qk, freqs)
-        end = start_pos + n
-        k_cache[:bsz, :, start_pos:end] = qk[:, :, h:].transpose(1, 2)
-        v_cache[:bsz, :, start_pos:end] = v.transpose(1, 2)
-        q = qk[:, :, :h]
-        attn = _grouped_attention(q, k_cache[:bsz, :, :end].to(q.dtype),
-                                  v_cache[:bsz, :, :end].to(q.dtype), mask)
-        x = mm(attn.reshape(bsz * n, h * hd).to(x.dtype), w["wo"], residual=x)
-        gate_up = mm(rms_norm(x, w["mlp_norm"], eps), w["w_gate_up"])
+        bs = k_pool.shape[2]
+        qkv = mm(rms_norm(x, self.attn_norm, eps), self.wqkv, self.bqkv)
+        outs, row0 = [], 0
+        for s in seqs:
+            part = qkv[row0:row0 + s.n]
+            row0 += s.n
+            qk = part[:, :(h + kvh) * hd].view(1, s.n, h + kvh, hd)
+            v = part[:, (h + kvh) * hd:].view(s.n, kvh, hd)
+            if self.q_norm is not None:
+                qk = torch.cat([rms_norm(qk[:, :, :h], self.q_norm, eps),
+                                rms_norm(qk[:, :, h:], self.k_norm, eps)], dim=2)
+            qk = apply_rope(qk, rope[s.start:s.start + s.n, None, :])
+            end = s.start + s.n
+            pos = torch.arange(s.start, end, device=x.device)
+            table = s.blocks.to(device=x.device, dtype=torch.long)
+            k_pool[table[pos // bs], :, pos % bs] = qk[0, :, h:].to(k_pool.dtype)
+            v_pool[table[pos // bs], :, pos % bs] = v.to(v_pool.dtype)
+            used = table[:-(-end // bs)]
+            keys = k_pool[used].transpose(0, 1).reshape(kvh, -1, hd)[None, :, :end]
+            values = v_pool[used].transpose(0, 1).reshape(kvh, -1, hd)[None, :, :end]
+            mask = None
+            if s.n > 1:
+                groups = h // kvh
+                mask = (torch.arange(end, device=x.device)[None, :] <= pos[:, None]).repeat(groups, 1)
+            attn = _grouped_attention(qk[:, :, :h].to(k_pool.dtype), keys, values, mask)
+            outs.append(attn.reshape(s.n, h * hd))
+        attn = torch.cat(outs).to(x.dtype)
+        x = mm(attn, self.wo, residual=x)
+        gate_up = mm(rms_norm(x, self.mlp_norm, eps), self.w_gate_up)
         inter = cfg.intermediate_size
-        return mm(F.silu(gate_up[:, :inter]) * gate_up[:, inter:], w["w_down"], residual=x)
-
-    def forward_cpu(self, x: Tensor, rope: Tensor, start_pos: int, mask: Tensor | None,
-                    w: dict[str, Tensor | None], k_cache: Tensor, v_cache: Tensor, mm: Matmul,
-                    ops: CpuOps) -> Tensor:
-        """`forward` for one float32 sequence on CPU, with the fused `CpuOps` helpers
-        (``rope``: `Transformer.rope` viewed as real (cos, sin) pairs)."""
-        cfg = self.cfg
-        n = x.shape[0]
-        h, kvh, hd, eps = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps
-        p, q8 = w["packed"] or {}, w["int8"] or {}
-        qkv = mm(ops.rms_norm(x, w["attn_norm"], eps), w["wqkv"], w["bqkv"],
-                 packed=p.get("wqkv"), int8=q8.get("wqkv")).contiguous()
-        ops.rope_store(qkv, rope, start_pos, h, kvh, hd, k_cache, v_cache)
-        if n <= 32:
-            attn = ops.attend(qkv, k_cache, v_cache, start_pos, h, kvh, hd)
-        else:  # long prefill chunks: torch's attention is the faster one there
-            end = start_pos + n
-            q = qkv[:, :h * hd].view(1, n, h, hd)
-            attn = _grouped_attention(q, k_cache[:1, :, :end].to(q.dtype),
-                                      v_cache[:1, :, :end].to(q.dtype), mask)
-            attn = attn.reshape(n, h * hd)
-        x = mm(attn, w["wo"], residual=x, packed=p.get("wo"), int8=q8.get("wo"))
-        gate_up = mm(ops.rms_norm(x, w["mlp_norm"], eps), w["w_gate_up"],
-                     packed=p.get("w_gate_up"), int8=q8.get("w_gate_up"))
-        return mm(ops.silu_mul(gate_up), w["w_down"], residual=x, packed=p.get("w_down"),
-                  int8=q8.get("w_down"))
+        return mm(F.silu(gate_up[:, :inter]) * gate_up[:, inter:], self.w_down, residual=x)
 
 
 def _grouped_attention(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> Tensor:
@@ -298,23 +309,22 @@ def _grouped_attention(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | N
     return out.view(bsz, kv_heads, groups, n, dim).permute(0, 3, 1, 2, 4)
 
 
-_MATRICES = ("wqkv", "wo", "w_gate_up", "w_down")
-_VECTORS = ("attn_norm", "bqkv", "q_norm", "k_norm", "mlp_norm")
-
-
 class Transformer(nn.Module):
-    """A Llama-family causal LM with a static KV cache (see the module docstring).
+    """A Llama-family causal LM over a paged KV cache (see the module docstring).
 
     ``compute_dtype`` (default: float32 on CPU, else the weight dtype) is the dtype of
-    activations and of the KV cache. ``cpu_kernel=False`` disables the AVX2 bf16 matmul.
-    ``precision`` (see `PRECISIONS`): ``"int8"`` takes effect for the matrices that have GGUF
-    blocks (`use_packed`) on the fused CPU path; elsewhere the model computes exactly.
+    activations. ``cpu_kernel=False`` disables the AVX2 kernels. ``precision`` (see
+    `PRECISIONS`): ``"int8"`` takes effect for the matrices that have GGUF blocks
+    (`use_packed`) on the CPU kernels; elsewhere the model computes exactly. ``max_seq_len``
+    bounds the positions a sequence may reach. ``share``: build the first
+    ``cfg.num_layers`` layers and the head of that model instead of new weights (see
+    `truncated`).
     """
 
     def __init__(self, cfg: LlamaConfig, dtype: torch.dtype = torch.bfloat16,
-                 device: str | torch.device = "cpu", max_seq_len: int = 4096, max_batch: int = 1,
+                 device: str | torch.device = "cpu", max_seq_len: int = 4096,
                  compute_dtype: torch.dtype | None = None, cpu_kernel: bool = True,
-                 precision: str = "exact"):
+                 precision: str = "exact", *, share: "Transformer | None" = None):
         super().__init__()
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
@@ -324,38 +334,45 @@ class Transformer(nn.Module):
         if compute_dtype is None:
             compute_dtype = torch.float32 if self.device.type == "cpu" else dtype
         self.compute_dtype = compute_dtype
-        kw = dict(dtype=dtype, device=self.device)
-        self.embed = nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size, **kw), requires_grad=False)
-        self.layers = nn.ModuleList(Block(cfg, dtype, self.device) for _ in range(cfg.num_layers))
-        self.norm = nn.Parameter(torch.ones(cfg.hidden_size, **kw), requires_grad=False)
-        self.lm_head = (self.embed if cfg.tie_word_embeddings else
-                        nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size, **kw), requires_grad=False))
+        self.cpu_kernel = cpu_kernel
+        if share is None:
+            mat = dict(dtype=dtype, device=self.device)
+            self.embed = nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size, **mat),
+                                      requires_grad=False)
+            self.layers = nn.ModuleList(Block(cfg, dtype, compute_dtype, self.device)
+                                        for _ in range(cfg.num_layers))
+            self.norm = nn.Parameter(torch.ones(cfg.hidden_size, dtype=compute_dtype,
+                                                device=self.device), requires_grad=False)
+            self.lm_head = (self.embed if cfg.tie_word_embeddings else nn.Parameter(
+                torch.empty(cfg.vocab_size, cfg.hidden_size, **mat), requires_grad=False))
+            self.packed_head: PackedMatrix | None = None
+            self.int8_head: InterleavedMatrix | None = None
+        else:
+            self.embed, self.norm, self.lm_head = share.embed, share.norm, share.lm_head
+            self.layers = nn.ModuleList(share.layers[:cfg.num_layers])
+            self.packed_head, self.int8_head = share.packed_head, share.int8_head
         on_cpu = self.device.type == "cpu" and compute_dtype == torch.float32
         ops = cpu_ops() if cpu_kernel and on_cpu else None
         self.matmul = Matmul(dtype, compute_dtype, ops)
-        self._precision = precision
-        # the kernels serve bf16 checkpoints (float16 KV cache); float32 ones stay on torch ops
+        # the fused kernels serve bf16 checkpoints (float16 KV cache); float32 ones stay on torch ops
         self.ops = ops if ops is not None and dtype == torch.bfloat16 and _fits_cpu_ops(cfg) else None
-        self.layer_weights: list[dict[str, Tensor | None]] = []
-        self.rope = torch.empty(0, dtype=torch.complex64)
-        self.rope_pairs = torch.empty(0)
-        self.caches: list[tuple[Tensor, Tensor]] = []
-        self._plan: tuple[tuple, object] | None = None
-        self.fused_layers = True
-        """Run steps of up to 32 rows through all layers in one `CpuOps.decode_layers` call
-        (identical results; False: one call per op, for comparison)."""
-        self.max_batch = max_batch
-        self.max_seq_len = 0
-        self.allocate_cache(max_batch, max_seq_len)
-        self.refresh_weights()
+        self.packed_max_rows = 3
+        """Up to this many rows a matrix with GGUF blocks multiplies from the blocks (fewer
+        bytes to stream); more rows use the dense bf16 kernel (same results)."""
+        self.max_seq_len = max_seq_len
+        self.rope = rope_frequencies(cfg, max_seq_len, self.device)
+        self.rope_pairs = torch.view_as_real(self.rope).contiguous()
+        self._plans: weakref.WeakKeyDictionary[KVPool, tuple] = weakref.WeakKeyDictionary()
+        self._precision = precision
+        self._set_int8_weights()
 
     # ------------------------------------------------------------------------- construction
 
     @classmethod
     def from_pretrained(cls, path: str | Path, dtype: str | torch.dtype = "bf16",
                         device: str | torch.device = "cpu", max_seq_len: int = 4096,
-                        max_batch: int = 1, compute_dtype: torch.dtype | None = None,
-                        cpu_kernel: bool = True, precision: str = "exact") -> "Transformer":
+                        compute_dtype: torch.dtype | None = None, cpu_kernel: bool = True,
+                        precision: str = "exact") -> "Transformer":
         """Load ``config.json`` + ``*.safetensors`` from a Hugging Face model directory
         (``precision``: see `PRECISIONS`; ``"int8"`` needs the GGUF blocks that `models.pull`
         keeps, and logs a warning and computes exactly without them)."""
@@ -374,16 +391,24 @@ class Transformer(nn.Module):
                     tensors[name] = f.get_tensor(name)
         if "lm_head.weight" not in tensors and not cfg.tie_word_embeddings:
             cfg = LlamaConfig(**{**cfg.__dict__, "tie_word_embeddings": True})
-        model = cls(cfg, torch_dtype, device, max_seq_len, max_batch, compute_dtype, cpu_kernel,
-                    precision)
+        model = cls(cfg, torch_dtype, device, max_seq_len, compute_dtype, cpu_kernel, precision)
         model.load_hf_state(tensors)
         used = 0
-        if model.ops is not None and model.matmul.ops is not None:
+        if model.ops is not None:
             used = model.use_packed(packed_weights.load(path / packed_weights.PACKED_FILE))
         if precision == "int8" and not used:
             log.warning("precision='int8' needs GGUF blocks and the CPU kernels (none for %s); "
                         "computing exactly", path)
         return model.eval()
+
+    def truncated(self, num_layers: int) -> "Transformer":
+        """A layer-skip drafter: the first ``num_layers`` layers and the head of this model,
+        sharing its weights (and GGUF blocks and precision)."""
+        if not 0 < num_layers <= self.cfg.num_layers:
+            raise ValueError(f"num_layers must be in 1..{self.cfg.num_layers}, got {num_layers}")
+        cfg = LlamaConfig(**{**self.cfg.__dict__, "num_layers": num_layers})
+        return Transformer(cfg, self.dtype, self.device, self.max_seq_len, self.compute_dtype,
+                           self.cpu_kernel, self._precision, share=self).eval()
 
     @property
     def precision(self) -> str:
@@ -398,18 +423,23 @@ class Transformer(nn.Module):
         self._set_int8_weights()
 
     def _set_int8_weights(self) -> None:
-        """In ``"int8"`` precision, every matrix with GGUF blocks also gets them interleaved
-        for `CpuOps.int8_linear` (``w["int8"]``, `int8_head`); in ``"exact"``, none does."""
+        """In ``"int8"`` precision, every matrix with GGUF blocks also has them interleaved
+        for `CpuOps.int8_linear` (`Block.int8`, `int8_head`); in ``"exact"``, none does."""
         int8 = self._precision == "int8"
-        for w in self.layer_weights:
-            w["int8"] = ({name: m.interleaved() for name, m in w["packed"].items()}
-                         if int8 and w["packed"] else None)
-        self.int8_head = (self.packed_head.interleaved()
-                          if int8 and self.packed_head is not None else None)
+        for layer in self.layers:
+            if not int8 and layer.int8:
+                layer.int8 = {}
+            elif int8 and layer.packed.keys() != layer.int8.keys():
+                layer.int8 = {name: m.interleaved() for name, m in layer.packed.items()}
+        if not int8 or self.packed_head is None:
+            self.int8_head = None
+        elif self.int8_head is None:
+            self.int8_head = self.packed_head.interleaved()
 
     def load_hf_state(self, tensors: dict[str, Tensor]) -> None:
         """Copy weights named as in transformers' ``LlamaForCausalLM`` into the fused layout
-        (q/k rows, biases and norms in adjacent-pair RoPE order)."""
+        (q/k rows, biases and norms in adjacent-pair RoPE order), each rounded to the
+        checkpoint dtype first."""
         hd = self.cfg.head_dim
 
         def take(name: str) -> Tensor:
@@ -421,7 +451,7 @@ class Transformer(nn.Module):
         def put(param: Tensor, value: Tensor) -> None:
             if param.shape != value.shape:
                 raise ValueError(f"shape mismatch: {tuple(value.shape)} vs {tuple(param.shape)}")
-            param.copy_(value.to(param.dtype))
+            param.copy_(value.to(self.dtype))
 
         def qkv(prefix: str, suffix: str) -> Tensor:
             q, k, v = (take(prefix + f"self_attn.{x}_proj.{suffix}") for x in "qkv")
@@ -446,28 +476,12 @@ class Transformer(nn.Module):
                 put(layer.w_gate_up, torch.cat([take(p + "mlp.gate_proj.weight"),
                                                 take(p + "mlp.up_proj.weight")]))
                 put(layer.w_down, take(p + "mlp.down_proj.weight"))
-        self.refresh_weights()
-
-    def refresh_weights(self) -> None:
-        """Rebuild the per-layer weight tables after the parameters changed: matrices as
-        stored, vectors (norms, biases) in the compute dtype."""
-        def vec(t: Tensor | None) -> Tensor | None:
-            return None if t is None else t.to(self.compute_dtype)
-
-        self.layer_weights = [
-            {**{name: getattr(layer, name) for name in _MATRICES},
-             **{name: vec(getattr(layer, name)) for name in _VECTORS},
-             "packed": None, "int8": None}
-            for layer in self.layers
-        ]
-        self.packed_head = self.int8_head = None
-        self.final_norm = vec(self.norm)
 
     def use_packed(self, packed: dict[str, PackedMatrix]) -> int:
         """Decode with GGUF blocks (see `agentrt.engine.packed`) where they reproduce this
-        model's weights bit for bit; returns how many matrices use them. Only the fused CPU
-        path (bf16 weights, float32 activations) reads them."""
-        if not packed or self.ops is None or self.matmul.ops is None:
+        model's weights bit for bit; returns how many matrices use them. Only the CPU kernels
+        (bf16 weights, float32 activations) read them."""
+        if not packed or self.ops is None:
             return 0
         hd = self.cfg.head_dim
 
@@ -482,7 +496,7 @@ class Transformer(nn.Module):
             return matrix if ok else None
 
         used = 0
-        for i, (layer, w) in enumerate(zip(self.layers, self.layer_weights)):
+        for i, layer in enumerate(self.layers):
             p = f"model.layers.{i}."
             q, k, v = (packed.get(p + f"self_attn.{x}_proj.weight") for x in "qkv")
             gate, up = packed.get(p + "mlp.gate_proj.weight"), packed.get(p + "mlp.up_proj.weight")
@@ -496,47 +510,13 @@ class Transformer(nn.Module):
                 "w_down": packed.get(p + "mlp.down_proj.weight"),
             }
             checked = {name: exact(m, getattr(layer, name)) for name, m in fused.items()}
-            w["packed"] = {name: m for name, m in checked.items() if m is not None}
-            used += len(w["packed"])
+            layer.packed = {name: m for name, m in checked.items() if m is not None}
+            layer.int8 = {}
+            used += len(layer.packed)
         head = "model.embed_tokens.weight" if self.cfg.tie_word_embeddings else "lm_head.weight"
-        self.packed_head = exact(packed.get(head), self.lm_head)
+        self.packed_head, self.int8_head = exact(packed.get(head), self.lm_head), None
         self._set_int8_weights()
         return used + (self.packed_head is not None)
-
-    def allocate_cache(self, max_batch: int, max_seq_len: int) -> None:
-        """(Re)allocate the KV cache for ``max_batch`` sequences of ``max_seq_len`` tokens."""
-        if max_seq_len > self.rope.shape[0]:
-            self.rope = rope_frequencies(self.cfg, max_seq_len, self.device)
-            self.rope_pairs = torch.view_as_real(self.rope).contiguous()
-        self.max_batch, self.max_seq_len = max_batch, max_seq_len
-        shape = (max_batch, self.cfg.num_kv_heads, max_seq_len, self.cfg.head_dim)
-        self.caches = [
-            (torch.zeros(shape, dtype=self.cache_dtype, device=self.device),
-             torch.zeros(shape, dtype=self.cache_dtype, device=self.device))
-            for _ in range(self.cfg.num_layers)
-        ]
-
-    def truncated(self, num_layers: int) -> "Transformer":
-        """A layer-skip drafter: the first ``num_layers`` layers, sharing this model's weights
-        (embeddings, final norm and head included), with a KV cache of its own."""
-        if not 0 < num_layers <= self.cfg.num_layers:
-            raise ValueError(f"num_layers must be in 1..{self.cfg.num_layers}, got {num_layers}")
-        clone = Transformer.__new__(Transformer)
-        nn.Module.__init__(clone)
-        clone.cfg = LlamaConfig(**{**self.cfg.__dict__, "num_layers": num_layers})
-        clone.dtype, clone.device, clone.compute_dtype = self.dtype, self.device, self.compute_dtype
-        clone.embed, clone.norm, clone.lm_head = self.embed, self.norm, self.lm_head
-        clone.layers = nn.ModuleList(self.layers[:num_layers])
-        clone.matmul, clone.ops = self.matmul, self.ops
-        clone.layer_weights = self.layer_weights[:num_layers]
-        clone.final_norm, clone.packed_head = self.final_norm, self.packed_head
-        clone._precision, clone.int8_head = self._precision, self.int8_head
-        clone.rope, clone.rope_pairs = self.rope, self.rope_pairs
-        clone.caches = []
-        clone._plan, clone.fused_layers = None, self.fused_layers
-        clone.max_seq_len = 0
-        clone.allocate_cache(self.max_batch, self.max_seq_len)
-        return clone.eval()
 
     # ------------------------------------------------------------------------------ forward
 
@@ -550,224 +530,118 @@ class Transformer(nn.Module):
     def vocab_size(self) -> int:
         return self.cfg.vocab_size
 
-    def forward(self, tokens: Tensor, start_pos: int, logits_for: str | int = "all") -> Tensor:
-        """Logits ``[B, m, V]`` (float32) for ``tokens[B, n]`` placed at ``start_pos``.
-
-        ``logits_for``: ``"all"`` (m = n), ``"last"`` (m = 1), or an int m (the last m
-        positions): the head only runs where logits are needed.
-        """
-        bsz, n = tokens.shape
-        end = start_pos + n
-        if end > self.max_seq_len:
-            raise ValueError(f"sequence of {end} tokens exceeds max_seq_len={self.max_seq_len}")
-        if bsz > self.max_batch:
-            raise ValueError(f"batch of {bsz} exceeds max_batch={self.max_batch}")
-        x = F.embedding(tokens.reshape(-1), self.embed).to(self.compute_dtype)
-        ops = self.ops if bsz == 1 else None
-        if ops is not None and n <= 32 and self.matmul.ops is not None and self.fused_layers:
-            x = x.contiguous()
-            cfg = self.cfg
-            shape = LayerShape(cfg.hidden_size, cfg.intermediate_size, cfg.num_heads,
-                               cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps)
-            ops.decode_layers(x, start_pos, self._layer_plan(), shape, self.max_seq_len,
-                              self.rope_pairs, self.matmul.packed_max_rows)
-            return self._logits(x, bsz, n, logits_for, ops)
-        mask = None
-        if n > 1:
-            groups = self.cfg.num_heads // self.cfg.num_kv_heads
-            key_pos = torch.arange(end, device=self.device)
-            query_pos = torch.arange(start_pos, end, device=self.device)
-            mask = (key_pos[None, :] <= query_pos[:, None]).repeat(groups, 1)
-        layers = zip(self.layers, self.layer_weights, self.caches)
-        if ops is not None:
-            for layer, w, (k_cache, v_cache) in layers:
-                x = layer.forward_cpu(x, self.rope_pairs, start_pos, mask, w, k_cache, v_cache,
-                                      self.matmul, ops)
-        else:
-            freqs = self.rope[start_pos:end, None, :]
-            for layer, w, (k_cache, v_cache) in layers:
-                x = layer(x, freqs, start_pos, bsz, mask, w, k_cache, v_cache, self.matmul)
-        return self._logits(x, bsz, n, logits_for, ops)
-
-    def _logits(self, x: Tensor, bsz: int, n: int, logits_for: str | int,
-                ops: CpuOps | None) -> Tensor:
-        """Final norm and head over the positions ``logits_for`` asks for."""
-        keep = n if logits_for == "all" else (1 if logits_for == "last" else int(logits_for))
-        x = x.view(bsz, n, -1)[:, n - keep:].reshape(bsz * keep, -1)
-        if ops is not None:
-            x = ops.rms_norm(x.contiguous(), self.final_norm, self.cfg.rms_norm_eps)
-        else:
-            x = rms_norm(x, self.final_norm, self.cfg.rms_norm_eps)
-        logits = self.matmul(x, self.lm_head, packed=self.packed_head if ops is not None else None,
-                             int8=self.int8_head if ops is not None else None)
-        return logits.view(bsz, keep, -1).float()
+    def new_pool(self, num_blocks: int, block_size: int = DEFAULT_BLOCK_SIZE) -> KVPool:
+        """A KV cache for this model: ``num_blocks`` blocks of ``block_size`` positions, in the
+        cache dtype and on the device its forward uses."""
+        cfg = self.cfg
+        return KVPool(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, num_blocks, block_size,
+                      self.cache_dtype, self.device)
 
     def layer_shape(self) -> LayerShape:
         cfg = self.cfg
         return LayerShape(cfg.hidden_size, cfg.intermediate_size, cfg.num_heads,
                           cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps)
 
-    def forward_batch(self, tokens: Tensor, seqs: list["SeqRows"], pool,
-                      logit_rows: Tensor | None = None) -> Tensor:
-        """A ragged batch step over a paged KV cache: see the module function `forward_batch`."""
-        return forward_batch(self, tokens, seqs, pool, logit_rows)
+    def forward(self, tokens: Tensor, seqs: Sequence[SeqRows], pool: KVPool,
+                logit_rows: Tensor | None = None) -> Tensor:
+        """Logits ``[len(logit_rows), V]`` (float32) of one step over a paged KV cache.
 
-    def _pool_plan(self, pool):
-        """`CpuOps.layer_plan` over a `KVPool`'s block pools (rebuilt when weights change)."""
-        parts = (pool, self.layer_weights, *(w["packed"] for w in self.layer_weights),
-                 *(w["int8"] for w in self.layer_weights))
-        cached = getattr(self, "_paged_plan", None)
-        if (cached is None or len(cached[0]) != len(parts)
-                or any(a is not b for a, b in zip(cached[0], parts))):
-            cached = (parts, self.ops.layer_plan(self.layer_weights, pool.caches))
-            self._paged_plan = cached
+        ``tokens[n]`` holds every sequence's new tokens one sequence after another (``seqs``
+        in the same order); their keys and values are written into ``pool`` (a `KVPool` made
+        by `new_pool`) and each row attends to its own sequence's positions up to its own.
+        ``logit_rows`` picks the rows whose logits are needed (default: all). With the CPU
+        kernels (bf16 weights, float32 activations) all layers run in one C call
+        (`CpuOps.decode_layers_paged`) and every row's result depends only on its own
+        sequence's tokens: the batch, the chunking of a prompt and which blocks hold the keys
+        change no bit. Elsewhere every `Block` runs on torch ops (equal to float rounding)."""
+        n = tokens.shape[0]
+        if sum(s.n for s in seqs) != n:
+            raise ValueError(f"{n} tokens for sequences of {sum(s.n for s in seqs)} rows")
+        if len(pool.caches) != len(self.layers):
+            raise ValueError(f"a KV pool of {len(pool.caches)} layers for a model of "
+                             f"{len(self.layers)}")
+        for s in seqs:
+            if s.start + s.n > self.max_seq_len or s.blocks.numel() * pool.block_size < s.start + s.n:
+                raise ValueError(f"rows up to position {s.start + s.n} exceed max_seq_len="
+                                 f"{self.max_seq_len} or the sequence's {s.blocks.numel()} blocks")
+        x = F.embedding(tokens, self.embed).to(self.compute_dtype)
+        if self.ops is not None:
+            x = x.contiguous()
+            rows, row0 = [], 0
+            for s in seqs:
+                rows.append((row0, s.n, s.start, s.blocks))
+                row0 += s.n
+            self.ops.decode_layers_paged(x, self.ops.seq_table(rows), self._plan(pool),
+                                         self.layer_shape(), pool.block_size, self.rope_pairs,
+                                         self.packed_max_rows)
+        else:
+            for layer, (k, v) in zip(self.layers, pool.caches):
+                x = layer(x, seqs, k, v, self.rope, self.matmul)
+        if logit_rows is not None:
+            x = x[logit_rows]
+        return self.head(x)
+
+    def head(self, x: Tensor) -> Tensor:
+        """Final norm and output head over the hidden rows ``x[m, hidden]``: logits
+        ``[m, V]`` in float32."""
+        if x.shape[0] == 0:
+            return torch.empty(0, self.vocab_size, device=self.device)
+        eps = self.cfg.rms_norm_eps
+        if self.ops is not None:
+            x = self.ops.rms_norm(x.contiguous(), self.norm, eps)
+            return kernel_linear(self.ops, x, self.lm_head, self.packed_head, self.int8_head,
+                                 self.packed_max_rows).float()
+        return self.matmul(rms_norm(x, self.norm, eps), self.lm_head).float()
+
+    def _plan(self, pool: KVPool):
+        """`CpuOps.layer_plan` over ``pool``'s block pools, kept per pool and rebuilt when a
+        layer's GGUF or int8 blocks were replaced (the kept references also keep the pointed-to
+        tensors alive)."""
+        parts = tuple(table for layer in self.layers for table in (layer.packed, layer.int8))
+        cached = self._plans.get(pool)
+        if cached is None or any(a is not b for a, b in zip(cached[0], parts, strict=True)):
+            cached = (parts, self.ops.layer_plan(list(self.layers), pool.caches))
+            self._plans[pool] = cached
         return cached[1]
 
-    def _layer_plan(self):
-        """`CpuOps.layer_plan` for the current weights, blocks and caches (rebuilt when any of
-        them was replaced; the kept references also keep the pointed-to tensors alive)."""
-        parts = (self.layer_weights, self.caches, *(w["packed"] for w in self.layer_weights),
-                 *(w["int8"] for w in self.layer_weights))
-        if (self._plan is None or len(self._plan[0]) != len(parts)
-                or any(a is not b for a, b in zip(self._plan[0], parts))):
-            self._plan = (parts, self.ops.layer_plan(self.layer_weights, self.caches))
-        return self._plan[1]
+
+class SequenceCache:
+    """Keys and values of up to ``batch`` independent sequences of up to ``max_len`` positions,
+    each one block table of a `KVPool` (blocks ``b * per_seq ..`` for sequence b), with the
+    forward of a sequence at a start position: the model's one forward, for the draft model,
+    step-cost measurements and tests. Rolling back is just running from an earlier ``start``.
+    """
+
+    def __init__(self, model: Transformer, batch: int = 1, max_len: int | None = None,
+                 block_size: int = DEFAULT_BLOCK_SIZE):
+        max_len = model.max_seq_len if max_len is None else min(max_len, model.max_seq_len)
+        self.model = model
+        self.max_len = max_len
+        per_seq = -(-max_len // block_size)
+        self.pool = model.new_pool(batch * per_seq, block_size)
+        self.tables = [torch.arange(b * per_seq, (b + 1) * per_seq, dtype=torch.int32)
+                       for b in range(batch)]
+
+    def __call__(self, tokens: Tensor, start: int, logits_for: str | int = "all") -> Tensor:
+        """Logits ``[B, m, V]`` (float32) for ``tokens[B, n]``, row b placed at positions
+        ``start .. start + n - 1`` of sequence b. ``logits_for``: ``"all"`` (m = n),
+        ``"last"`` (m = 1), or an int m (the last m positions): the head only runs there."""
+        bsz, n = tokens.shape
+        if bsz > len(self.tables):
+            raise ValueError(f"batch of {bsz} exceeds the cache's {len(self.tables)} sequences")
+        if start + n > self.max_len:
+            raise ValueError(f"sequence of {start + n} tokens exceeds max_len={self.max_len}")
+        keep = n if logits_for == "all" else (1 if logits_for == "last" else int(logits_for))
+        seqs = [SeqRows(start, n, self.tables[b]) for b in range(bsz)]
+        rows = None if keep == n else torch.tensor(
+            [b * n + i for b in range(bsz) for i in range(n - keep, n)], device=tokens.device)
+        return self.model(tokens.reshape(-1), seqs, self.pool, rows).view(bsz, keep, -1)
 
 
-@dataclass(frozen=True)
-class SeqRows:
-    """One sequence's rows in a ragged batch step: ``n`` rows at positions ``start ..
-    start + n - 1``, its keys and values in the pool blocks of ``blocks`` (int32, position t in
-    block ``blocks[t // block_size]``)."""
-
-    start: int
-    n: int
-    blocks: Tensor
-
-
-def forward_batch(model: "Transformer", tokens: Tensor, seqs: list[SeqRows], pool,
-                  logit_rows: Tensor | None = None) -> Tensor:
-    """Logits ``[len(logit_rows), V]`` (float32) of a ragged batch step.
-
-    ``tokens[n]`` holds every sequence's new tokens one sequence after another (``seqs`` in the
-    same order); their keys and values are written into ``pool`` (a `KVPool`) and each row
-    attends to its own sequence's positions up to its own. ``logit_rows`` picks the rows whose
-    logits are needed (default: all). With the CPU kernels (bf16 weights, float32 activations)
-    every row's result depends only on its own sequence's tokens: the batch, the chunking of a
-    prompt and which blocks hold the keys change no bit. `Transformer.fused_layers` picks one
-    C call for all layers or one call per op (identical results, tested); without the kernels
-    the same step runs on torch ops (equal to float rounding)."""
-    n = tokens.shape[0]
-    if sum(s.n for s in seqs) != n:
-        raise ValueError(f"{n} tokens for sequences of {sum(s.n for s in seqs)} rows")
-    for s in seqs:
-        if s.start + s.n > model.max_seq_len or s.blocks.numel() * pool.block_size < s.start + s.n:
-            raise ValueError(f"rows up to position {s.start + s.n} exceed max_seq_len or the "
-                             f"sequence's {s.blocks.numel()} blocks")
-    x = F.embedding(tokens, model.embed).to(model.compute_dtype)
-    ops = model.ops  # float32 activations on CPU: the C helpers (matmuls too for bf16 weights)
-    if ops is not None:
-        x = x.contiguous()
-        rows, row0 = [], 0
-        for s in seqs:
-            rows.append((row0, s.n, s.start, s.blocks))
-            row0 += s.n
-        table = ops.seq_table(rows)
-        if model.fused_layers and model.matmul.ops is not None:
-            ops.decode_layers_paged(x, table, model._pool_plan(pool), model.layer_shape(),
-                                    pool.block_size, model.rope_pairs, model.matmul.packed_max_rows)
-        else:
-            for w, (k, v) in zip(model.layer_weights, pool.caches):
-                x = _paged_layer_ops(model, x, table, w, k, v)
-    else:
-        for layer, w, (k, v) in zip(model.layers, model.layer_weights, pool.caches):
-            x = _paged_layer_torch(model, layer, x, seqs, w, k, v)
-    if logit_rows is not None:
-        x = x[logit_rows]
-    if x.shape[0] == 0:
-        return torch.empty(0, model.vocab_size)
-    if ops is not None:
-        x = ops.rms_norm(x.contiguous(), model.final_norm, model.cfg.rms_norm_eps)
-        return _rows_linear(model, x, model.lm_head, model.packed_head, model.int8_head).float()
-    x = rms_norm(x, model.final_norm, model.cfg.rms_norm_eps)
-    return model.matmul(x, model.lm_head).float()
-
-
-def _rows_linear(model: "Transformer", x: Tensor, w: Tensor, packed: PackedMatrix | None,
-                 int8: InterleavedMatrix | None = None, residual: Tensor | None = None) -> Tensor:
-    """``x @ w.T (+ residual)`` with the row-independent kernels only (as ``matrix_apply`` in
-    C): the int8 kernel where ``int8`` blocks are given (``"int8"`` precision), else GGUF blocks
-    for up to ``packed_max_rows`` rows, else the bf16 kernel, whatever the number of rows (no
-    float32 GEMM, whose row results may depend on the batch)."""
-    ops = model.matmul.ops
-    if ops is None:  # float32 weights: torch's matmul
-        return model.matmul(x, w, residual=residual)
-    if int8 is not None:
-        return ops.int8_linear(x, int8, residual)
-    if packed is not None and x.shape[0] <= model.matmul.packed_max_rows:
-        return ops.packed_linear(x, packed, True, residual)
-    return ops.linear(x, w, residual)
-
-
-def _paged_layer_ops(model: "Transformer", x: Tensor, table, w: dict, k_pool: Tensor,
-                     v_pool: Tensor) -> Tensor:
-    """One layer of a ragged batch step, one C kernel call per op (the reference the one-call
-    `decode_layers_paged` is tested against)."""
-    cfg, ops = model.cfg, model.ops
-    h, kvh, hd, eps = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps
-    p, q8 = w["packed"] or {}, w["int8"] or {}
-
-    def linear(inp: Tensor, name: str, residual: Tensor | None = None) -> Tensor:
-        return _rows_linear(model, inp, w[name], p.get(name), q8.get(name), residual)
-
-    qkv = linear(ops.rms_norm(x, w["attn_norm"], eps), "wqkv")
-    if w["bqkv"] is not None:
-        qkv = qkv + w["bqkv"]
-    qkv = qkv.contiguous()
-    ops.rope_store_paged(qkv, model.rope_pairs, table, h, kvh, hd, k_pool, v_pool)
-    attn = ops.attend_paged(qkv, k_pool, v_pool, table, h, kvh, hd)
-    mid = linear(attn, "wo", residual=x)
-    gate_up = linear(ops.rms_norm(mid, w["mlp_norm"], eps), "w_gate_up")
-    return linear(ops.silu_mul(gate_up), "w_down", residual=mid)
-
-
-def _paged_layer_torch(model: "Transformer", layer: "Block", x: Tensor, seqs: list[SeqRows],
-                       w: dict, k_pool: Tensor, v_pool: Tensor) -> Tensor:
-    """One layer of a ragged batch step on torch ops (no CPU kernels: other dtypes, CUDA)."""
-    cfg = model.cfg
-    h, kvh, hd, eps = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps
-    bs = k_pool.shape[2]
-    mm = model.matmul
-    qkv = mm(rms_norm(x, w["attn_norm"], eps), w["wqkv"], w["bqkv"])
-    outs, row0 = [], 0
-    for s in seqs:
-        part = qkv[row0:row0 + s.n]
-        row0 += s.n
-        qk = part[:, :(h + kvh) * hd].view(1, s.n, h + kvh, hd)
-        v = part[:, (h + kvh) * hd:].view(s.n, kvh, hd)
-        if w["q_norm"] is not None:
-            qk = torch.cat([rms_norm(qk[:, :, :h], w["q_norm"], eps),
-                            rms_norm(qk[:, :, h:], w["k_norm"], eps)], dim=2)
-        qk = apply_rope(qk, model.rope[s.start:s.start + s.n, None, :])
-        end = s.start + s.n
-        pos = torch.arange(s.start, end, device=x.device)
-        table = s.blocks.to(device=x.device, dtype=torch.long)
-        k_pool[table[pos // bs], :, pos % bs] = qk[0, :, h:].to(k_pool.dtype)
-        v_pool[table[pos // bs], :, pos % bs] = v.to(v_pool.dtype)
-        used = table[:-(-end // bs)]
-        keys = k_pool[used].transpose(0, 1).reshape(kvh, -1, hd)[None, :, :end]
-        values = v_pool[used].transpose(0, 1).reshape(kvh, -1, hd)[None, :, :end]
-        mask = None
-        if s.n > 1:
-            groups = h // kvh
-            mask = (torch.arange(end, device=x.device)[None, :] <= pos[:, None]).repeat(groups, 1)
-        attn = _grouped_attention(qk[:, :, :h].to(k_pool.dtype), keys, values, mask)
-        outs.append(attn.reshape(s.n, h * hd))
-    attn = torch.cat(outs).to(x.dtype)
-    x = mm(attn, w["wo"], residual=x)
-    gate_up = mm(rms_norm(x, w["mlp_norm"], eps), w["w_gate_up"])
-    inter = cfg.intermediate_size
-    return mm(F.silu(gate_up[:, :inter]) * gate_up[:, inter:], w["w_down"], residual=x)
+def synchronize(device: torch.device) -> None:
+    """Wait for the work queued on ``device`` (CUDA; nothing to wait for on CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def _fits_cpu_ops(cfg: LlamaConfig) -> bool:

@@ -1,7 +1,8 @@
-"""Speculative-decoding metrics, per generation and aggregated per engine.
+"""Decoding metrics, per generation and aggregated per engine, and the batching engine's step
+metrics.
 
 Names follow the usual conventions: a *verify step* is one target forward that checks a draft
-(or, with speculation off, produces one token). Each step yields the accepted draft tokens plus
+(or, with no drafter, produces one token). Each step yields the accepted draft tokens plus
 one token from the target (a correction, or the bonus token when the whole draft was accepted),
 so the mean acceptance length is ``tau = (accepted_tokens + verify_steps) / verify_steps``.
 """
@@ -12,7 +13,11 @@ from dataclasses import asdict, dataclass, field
 
 
 @dataclass
-class SpecMetrics:
+class DecodeMetrics:
+    """How one generation (or, merged, an engine's generations) was decoded: verify steps,
+    drafted and accepted tokens per position, the time split, and the batching engine's
+    per-request queueing and prefix-cache figures."""
+
     generated_tokens: int = 0
     verify_steps: int = 0
     drafts: int = 0
@@ -77,7 +82,7 @@ class SpecMetrics:
             for i in range(accepted):
                 self.accepted_per_position[i] += 1
 
-    def merge(self, other: "SpecMetrics") -> None:
+    def merge(self, other: "DecodeMetrics") -> None:
         """Add ``other`` into this one (for per-engine aggregates)."""
         for name in (
             "generated_tokens", "verify_steps", "drafts", "draft_tokens", "accepted_tokens",

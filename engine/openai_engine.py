@@ -22,12 +22,12 @@ Failure policy:
   trickle of bytes or an endless run of keep-alives is cut), ``total_timeout`` the whole
   generation, retries included. Either ends the stream with an `EngineStreamError`, not retried.
 
-Speculative-decoding metrics (see `agentrt.engine.spec_config`), when the server is vLLM:
+Speculative-decoding metrics (see `agentrt.engine.drafter_config`), when the server is vLLM:
 
 - exact per request when the server runs with ``--per-request-spec-decode-metrics summary`` (or
   ``detailed``): vLLM then sends ``metrics.speculative_decoding`` with the usage chunk;
 - otherwise from its ``/metrics`` counters, read before and after each generation: the difference
-  is that generation's `SpecMetrics`, exact only when no other request runs on the server at the
+  is that generation's `DecodeMetrics`, exact only when no other request runs on the server at the
   same time (with concurrent traffic, the numbers are the server's over that window).
 
 Servers without vLLM's ``/metrics`` (SGLang, hosted APIs) give ``metrics=None``.
@@ -47,8 +47,8 @@ import anyio
 import httpx
 
 from .base import BaseEngine, Delta, EngineError, EngineStreamError, Message, SamplingParams, Usage
-from .metrics import SpecMetrics
-from .spec_config import SpecCounters, counters_from_prometheus, spec_metrics_from_request
+from .metrics import DecodeMetrics
+from .drafter_config import DecodeCounters, counters_from_prometheus, decode_metrics_from_request
 
 RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 """HTTP statuses retried before the first token (5xx of a busy or restarting server, 429, 408)."""
@@ -170,7 +170,7 @@ class OpenAIEngine(BaseEngine):
         self._track_metrics = server_metrics
         self._per_request_metrics = False
         self._client: httpx.AsyncClient | None = None
-        self._totals: SpecMetrics | None = None
+        self._totals: DecodeMetrics | None = None
         self.attempts = 0
         """HTTP requests made by `stream` so far, retries included."""
 
@@ -230,15 +230,15 @@ class OpenAIEngine(BaseEngine):
         body.update(self.extra_body)
         return body
 
-    async def spec_metrics(self) -> SpecMetrics | None:
+    async def decode_metrics(self) -> DecodeMetrics | None:
         """The server's cumulative speculative-decoding metrics (all requests since it started).
 
         None when the server exposes no vLLM metrics.
         """
         counters = await self.server_counters()
-        return counters.to_spec_metrics() if counters is not None else None
+        return counters.to_decode_metrics() if counters is not None else None
 
-    async def server_counters(self) -> SpecCounters | None:
+    async def server_counters(self) -> DecodeCounters | None:
         """One reading of a vLLM server's ``/metrics`` counters, or None when there are none."""
         client = self._http()
         response = None
@@ -253,7 +253,7 @@ class OpenAIEngine(BaseEngine):
             return None
         return counters_from_prometheus(response.text)
 
-    def metrics(self) -> SpecMetrics | None:
+    def metrics(self) -> DecodeMetrics | None:
         """Per-generation metrics of this engine's generations, summed (None if never measured)."""
         return self._totals
 
@@ -395,7 +395,7 @@ class OpenAIEngine(BaseEngine):
             delay = min(max(retry_after, 0.0), self.max_backoff)
         return delay
 
-    async def _counters_if_tracked(self) -> SpecCounters | None:
+    async def _counters_if_tracked(self) -> DecodeCounters | None:
         if self._track_metrics is False or self._per_request_metrics:
             return None
         counters = await self.server_counters()
@@ -404,12 +404,12 @@ class OpenAIEngine(BaseEngine):
         return counters
 
     async def _generation_metrics(
-        self, before: SpecCounters | None, usage: Usage, start: float, progress: _Progress
-    ) -> SpecMetrics | None:
+        self, before: DecodeCounters | None, usage: Usage, start: float, progress: _Progress
+    ) -> DecodeMetrics | None:
         if progress.spec_summary is not None:
             # Exact for this request (server run with --per-request-spec-decode-metrics).
             self._per_request_metrics = True
-            metrics = spec_metrics_from_request(progress.spec_summary, usage.completion_tokens)
+            metrics = decode_metrics_from_request(progress.spec_summary, usage.completion_tokens)
         elif before is not None:
             metrics = await self._counter_difference(before, usage)
             if metrics is None:
@@ -420,11 +420,11 @@ class OpenAIEngine(BaseEngine):
         metrics.wall_s = end - start
         metrics.prefill_s = (progress.first_text_at or end) - start
         if self._totals is None:
-            self._totals = SpecMetrics()
+            self._totals = DecodeMetrics()
         self._totals.merge(metrics)
         return metrics
 
-    async def _counter_difference(self, before: SpecCounters, usage: Usage) -> SpecMetrics | None:
+    async def _counter_difference(self, before: DecodeCounters, usage: Usage) -> DecodeMetrics | None:
         # vLLM updates its counters just after it sends the last chunk; wait until they cover us.
         delta = None
         for _ in range(20):
@@ -436,7 +436,7 @@ class OpenAIEngine(BaseEngine):
                 break
             await anyio.sleep(0.05)
         assert delta is not None
-        return delta.to_spec_metrics(generated_tokens=usage.completion_tokens)
+        return delta.to_decode_metrics(generated_tokens=usage.completion_tokens)
 
 
 # ---------------------------------------------------------------------- SSE and JSON shapes
@@ -496,7 +496,7 @@ def _chunk_problem(chunk: Any) -> str | None:
 
 _SUMMARY_FIELDS = frozenset({"acceptance_histogram", "per_step_drafted", "num_spec_steps",
                              "num_accepted_draft_tokens", "num_spec_tokens", "num_draft_tokens"})
-"""Fields of vLLM's per-request summary that `spec_metrics_from_request` reads."""
+"""Fields of vLLM's per-request summary that `decode_metrics_from_request` reads."""
 
 
 def _is_count(value: Any) -> bool:

@@ -8,11 +8,12 @@ Being preempted only drops its blocks (``computed = 0``): the next admission rec
 (mostly from the prefix cache), with the same results.
 
 A *forced* request carries a script (``RequestState.forced``): its verify steps take the script's
-tokens as the target's (`forced_verify`) instead of reading them from the logits.
+tokens as the target's (`verify.forced_verify`) instead of reading them from the logits.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence as Seq
@@ -21,8 +22,12 @@ from dataclasses import dataclass, field
 import torch
 
 from .base import Message, SamplingParams
-from .metrics import SpecMetrics
+from .drafters.base import DrafterState
+from .metrics import DecodeMetrics
 from .tokenizer import ChatTokenizer, StopStringMatcher
+from .verify import Uniforms
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -38,7 +43,8 @@ class Job:
     """The prompt's token ids when the caller has already rendered them (None: the worker
     renders ``messages``)."""
     forced_text: str | None = None
-    """A scripted reply to teacher-force instead of the model's choices (see `forced_verify`)."""
+    """A scripted reply to teacher-force instead of the model's choices (see
+    `verify.forced_verify`)."""
 
 
 class OutputText:
@@ -79,32 +85,11 @@ class OutputText:
         return text if stopped else text + self.stop.flush()
 
 
-class Uniforms:
-    """Pre-drawn uniforms indexed by output position (so seeded runs do not depend on k).
-
-    Each stream is drawn in fixed blocks from its own generator, so ``residual[i]`` depends only
-    on the seed and i, never on how many were drawn.
-    """
-
-    BLOCK = 64
-
-    def __init__(self, seed: int, size: int, device: torch.device):
-        self.residual = self._draw(seed, size).to(device)
-        self.accept = self._draw(seed ^ 0x9E3779B97F4A7C15, size).to(device)
-        self.draft_generator = torch.Generator().manual_seed(seed ^ 0x5DEECE66D)
-
-    @classmethod
-    def _draw(cls, seed: int, size: int) -> torch.Tensor:
-        gen = torch.Generator().manual_seed(seed & 0xFFFF_FFFF_FFFF_FFFF)
-        blocks = -(-size // cls.BLOCK)
-        return torch.cat([torch.rand(cls.BLOCK, generator=gen) for _ in range(blocks)])
-
-
 class RequestState:
     """The engine-side state of one request (see the module docstring)."""
 
     def __init__(self, job: Job, prompt: list[int], arrival: int, uniforms: Uniforms,
-                 out: OutputText, metrics: SpecMetrics):
+                 out: OutputText, metrics: DecodeMetrics):
         self.job = job
         self.params = job.params
         self.priority = job.params.priority
@@ -120,8 +105,8 @@ class RequestState:
         self.uniforms = uniforms
         self.out = out
         self.metrics = metrics
-        self.state = None
-        """The proposer's per-request state (None: no speculation)."""
+        self.state: DrafterState | None = None
+        """The drafter's per-request state (None: no drafter, or not admitted yet)."""
         self.forced: list[int] | None = None
         """The scripted output tokens, ending with the end-of-turn token (None: not forced)."""
         self.admitted_at: float | None = None
@@ -145,14 +130,10 @@ class RequestState:
         """The block table as the forward takes it (int32)."""
         return torch.tensor(self.blocks, dtype=torch.int32)
 
-
-def forced_verify(drafted: Seq[int], script: Seq[int], at: int) -> tuple[int, int]:
-    """``(accepted, next_token)`` when the target's token at output position ``at + i`` is
-    ``script[at + i]``: draft token i is accepted iff it and the draft tokens before it equal the
-    script there, and the next token is the script's token after the accepted ones. Past its end
-    the script reads as its last token (the end of turn, where the stream stops anyway)."""
-    last = len(script) - 1
-    accepted = 0
-    while accepted < len(drafted) and drafted[accepted] == script[min(at + accepted, last)]:
-        accepted += 1
-    return accepted, script[min(at + accepted, last)]
+    def end_drafting(self) -> None:
+        """Tell the drafter the request is over (a drafter's bookkeeping never fails it)."""
+        if self.state is not None:
+            try:
+                self.state.end()
+            except Exception:
+                log.exception("drafter state failed to end")

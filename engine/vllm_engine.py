@@ -2,7 +2,7 @@
 
 The chat is rendered with the model's own chat template (its tokenizer) and sent as token ids;
 vLLM's ``speculative_config`` is passed through unchanged (ngram, suffix, draft model, EAGLE-3,
-MTP: whatever the installed vLLM accepts). Per-generation `SpecMetrics` come from vLLM's
+MTP: whatever the installed vLLM accepts). Per-generation `DecodeMetrics` come from vLLM's
 per-request spec-decode metrics (exact per request, turned on by default here); when those are
 off, from the difference of vLLM's global counters before and after the request (exact only
 when requests are not concurrent).
@@ -32,8 +32,8 @@ from typing import Any
 import anyio
 
 from .base import BaseEngine, Delta, EngineError, EngineStreamError, Message, SamplingParams, Usage
-from .metrics import SpecMetrics
-from .spec_config import SpecCounters, counters_from_vllm_metrics, spec_metrics_from_request
+from .metrics import DecodeMetrics
+from .drafter_config import DecodeCounters, counters_from_vllm_metrics, decode_metrics_from_request
 
 DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 INSTALL_HINT = (
@@ -51,9 +51,9 @@ class VLLMEngine(BaseEngine):
 
     ``model``: a model directory, a name `agentrt.engine.models` knows (``"smollm2-135m"``), or
     anything vLLM resolves itself. ``dtype``: ``"fp32" | "bf16" | "fp16" | "auto"`` or vLLM's
-    names. ``speculative_config``: vLLM's dict, as is (None: no speculation).
+    names. ``speculative_config``: vLLM's dict, as is (None: no drafter).
     ``per_request_spec_metrics``: vLLM's per-request metrics level used for exact per-generation
-    `SpecMetrics` (``"detailed"``, ``"summary"`` or ``"none"``). ``engine_kwargs`` go to
+    `DecodeMetrics` (``"detailed"``, ``"summary"`` or ``"none"``). ``engine_kwargs`` go to
     ``AsyncEngineArgs`` unchanged (``gpu_memory_utilization``, ``seed``, ...).
     """
 
@@ -82,7 +82,7 @@ class VLLMEngine(BaseEngine):
 
         self.model_path = resolve_model(model, dtype)
         self.speculative_config = dict(speculative_config) if speculative_config else None
-        if self.speculative_config is not None:  # vLLM refuses the option without speculation
+        if self.speculative_config is not None:  # vLLM refuses the option without a drafter
             engine_kwargs.setdefault("per_request_spec_decode_metrics", per_request_spec_metrics)
         # Without per-request numbers, a generation's share is read off the global counters.
         self._diff_global_counters = (
@@ -103,7 +103,7 @@ class VLLMEngine(BaseEngine):
         except Exception as exc:
             raise EngineError(f"vLLM could not start {self.model_path!r}: {exc}") from exc
         self._tokenizer = self._llm.get_tokenizer()
-        self._totals: SpecMetrics | None = None
+        self._totals: DecodeMetrics | None = None
 
     # ------------------------------------------------------------------ public API
 
@@ -191,7 +191,7 @@ class VLLMEngine(BaseEngine):
         metrics.wall_s = end - start
         metrics.prefill_s = (first_at or end) - start
         if self._totals is None:
-            self._totals = SpecMetrics()
+            self._totals = DecodeMetrics()
         self._totals.merge(metrics)
         yield Delta(
             text="",
@@ -200,14 +200,14 @@ class VLLMEngine(BaseEngine):
             metrics=metrics,
         )
 
-    def metrics(self) -> SpecMetrics | None:
+    def metrics(self) -> DecodeMetrics | None:
         """Per-generation metrics of all generations so far, summed."""
         return self._totals
 
-    def global_spec_metrics(self) -> SpecMetrics | None:
-        """vLLM's own cumulative spec-decode counters for this process, as `SpecMetrics`."""
+    def global_decode_metrics(self) -> DecodeMetrics | None:
+        """vLLM's own cumulative spec-decode counters for this process, as `DecodeMetrics`."""
         counters = self._global_counters()
-        return counters.to_spec_metrics() if counters is not None else None
+        return counters.to_decode_metrics() if counters is not None else None
 
     async def aclose(self) -> None:
         """Shut the engine core down (its process and its memory)."""
@@ -223,7 +223,7 @@ class VLLMEngine(BaseEngine):
 
     # ------------------------------------------------------------------ helpers
 
-    def _global_counters(self) -> SpecCounters | None:
+    def _global_counters(self) -> DecodeCounters | None:
         try:
             from vllm.v1.metrics.reader import get_metrics_snapshot
         except ImportError:
@@ -234,16 +234,16 @@ class VLLMEngine(BaseEngine):
         self,
         completion_tokens: int,
         request_summary: dict[str, Any] | None,
-        before: SpecCounters | None,
-    ) -> SpecMetrics:
+        before: DecodeCounters | None,
+    ) -> DecodeMetrics:
         if request_summary is not None:
-            return spec_metrics_from_request(request_summary, completion_tokens)
+            return decode_metrics_from_request(request_summary, completion_tokens)
         if before is not None:
             after = self._global_counters()
             if after is not None:
-                return (after - before).to_spec_metrics(generated_tokens=completion_tokens)
-        # No speculation: one target forward per token.
-        return SpecMetrics(generated_tokens=completion_tokens, verify_steps=completion_tokens)
+                return (after - before).to_decode_metrics(generated_tokens=completion_tokens)
+        # No drafter: one target forward per token.
+        return DecodeMetrics(generated_tokens=completion_tokens, verify_steps=completion_tokens)
 
 
 def resolve_model(model: str | os.PathLike[str], dtype: str = "auto") -> str:

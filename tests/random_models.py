@@ -15,5 +15,4 @@ def qwen_like(max_seq_len: int = 128) -> Transformer:
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0, 0.05, generator=torch.Generator().manual_seed(p.numel()))
-    model.refresh_weights()
     return model

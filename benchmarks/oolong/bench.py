@@ -96,7 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--model", default="smollm2-135m")
     g.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"))
     g.add_argument("--base-url", help="--engine openai: the server's /v1 URL")
-    g.add_argument("--spec-config", help="speculative decoding settings (JSON), as for agentrt run")
+    g.add_argument("--drafter-config", help="drafter settings (JSON), as for agentrt run")
+    g.add_argument("--spec-config", dest="drafter_config", help=argparse.SUPPRESS)  # former name
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--max-tokens", type=int, default=700, help="root tokens per turn")
     g.add_argument("--max-turns", type=int, default=6)
@@ -186,9 +187,9 @@ class SimulatedProcess:
 
 def build_root(args, tasks: list[Task], styles: dict[str, str]) -> Root:
     """The root engines (and few-shot turns) for ``args.engine``."""
-    from agentrt.engine_options import parse_spec_config
+    from agentrt.engine_options import parse_drafter_config
 
-    spec = dict(parse_spec_config(args.spec_config) or {})
+    spec = dict(parse_drafter_config(args.drafter_config) or {})
     kind = args.engine
     root = Root(kind)
     if args.peer:
@@ -209,8 +210,8 @@ def build_root(args, tasks: list[Task], styles: dict[str, str]) -> Root:
 
         method = spec.pop("method", "suffix")
         root.engines = {
-            "plain": NativeEngine(model=args.model, dtype=args.dtype, speculation=None, seed=0),
-            "specdec": NativeEngine(model=args.model, dtype=args.dtype, speculation=method,
+            "plain": NativeEngine(model=args.model, dtype=args.dtype, drafter=None, seed=0),
+            "specdec": NativeEngine(model=args.model, dtype=args.dtype, drafter=method,
                                     seed=0, **spec)}
     elif kind == "vllm":
         from agentrt.engine import VLLMEngine
@@ -374,7 +375,7 @@ def _sub_model(args, tasks: list[Task], tasks_file: Path):
         from agentrt.engine import NativeEngine
 
         return SubModel("native", engine=NativeEngine(model=args.model, dtype=args.dtype,
-                                                      speculation=None, seed=0)), None
+                                                      drafter=None, seed=0)), None
     check_simulatable(tasks)
     server = SimulatedProcess(tasks_file, args)
     check_url(server.url)
@@ -386,9 +387,9 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     try:
         latency_from_args(args)
-        from agentrt.engine_options import parse_spec_config
+        from agentrt.engine_options import parse_drafter_config
 
-        parse_spec_config(args.spec_config)
+        parse_drafter_config(args.drafter_config)
         settings, tasks, styles, modes = _plan(args)
     except (TaskFileError, ValueError, BenchError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -421,70 +421,7 @@ static float softmax_row(float *s, int64_t len) {
     return 1.0f / total;
 }
 
-#define KEY_BLOCK 64
-
-/* Causal attention for n query rows at positions start .. start+n-1 (row r sees keys
-   0 .. start+r): q row r, head h at q[r * q_stride + h * D]; out [n, H * D]; caches [KV, T, D];
-   query heads h = kv * G .. kv * G + G - 1 (G = H / KV) read kv head kv. D % 32 == 0.
-   A task is one kv head for a chunk of rows (and, when rows are too few to keep the threads
-   busy, a chunk of its query heads): it walks the keys, then the values, KEY_BLOCK rows at a
-   time, and every row of the chunk uses a block while it is in L1, so a verify step reads
-   the cache about once per thread instead of once per row. A row's result depends only on
-   its own position, never on n or on the chunking. */
-void attend(const float *q, int64_t q_stride, const kv_t *k_cache, const kv_t *v_cache,
-            float *out, int64_t n, int64_t start, int64_t H, int64_t KV, int64_t D, int64_t T,
-            float scale, int threads) {
-    const int64_t groups = H / KV;
-    const int64_t row_chunks_wanted = (2 * threads + KV - 1) / KV;
-    const int64_t row_chunks = n < row_chunks_wanted ? n : row_chunks_wanted;
-    const int64_t rows_per = (n + row_chunks - 1) / row_chunks;
-    const int64_t per_task = n * KV >= 2 * threads ? 4 : 1;
-    const int64_t head_chunks = (groups + per_task - 1) / per_task;
-#pragma omp parallel for num_threads(threads) schedule(static) if (n * H * (start + n) * D >= (1 << 17))
-    for (int64_t i = 0; i < KV * row_chunks * head_chunks; i++) {
-        const int64_t kv = i / (row_chunks * head_chunks);
-        const int64_t r0 = i / head_chunks % row_chunks * rows_per;
-        const int64_t g0 = i % head_chunks * per_task, h0 = kv * groups + g0;
-        const int64_t rows = n - r0 < rows_per ? n - r0 : rows_per;
-        if (rows <= 0) continue;
-        const int G = groups - g0 < per_task ? (int)(groups - g0) : (int)per_task;
-        const int64_t ss = start + r0 + rows + 8;  /* score stride: the longest row, padded */
-        const kv_t *keys = k_cache + kv * T * D, *vals = v_cache + kv * T * D;
-        float *s = (float *)malloc((size_t)(rows * G * ss) * sizeof(float));
-        float *acc = (float *)calloc((size_t)(rows * G * D), sizeof(float));
-        const int64_t block = rows > 1 ? KEY_BLOCK : ss;  /* one row: nothing to share */
-        for (int64_t t0 = 0; t0 < start + r0 + rows; t0 += block)
-            for (int64_t r = 0; r < rows; r++) {
-                const int64_t len = start + r0 + r + 1 - t0;
-                if (len > 0)
-                    SCORES[G](q + (r0 + r) * q_stride + h0 * D, keys + t0 * D, D,
-                              len < block ? len : block, scale, s + r * G * ss + t0, ss);
-            }
-        float inv[rows * G];
-        for (int64_t j = 0; j < rows * G; j++)
-            inv[j] = softmax_row(s + j * ss, start + r0 + j / G + 1);
-        const mix_fn mix = G == 1 && D % 64 == 0 ? mix1_8 : MIXES[G];
-        for (int64_t t0 = 0; t0 < start + r0 + rows; t0 += block)
-            for (int64_t r = 0; r < rows; r++) {
-                const int64_t len = start + r0 + r + 1 - t0;
-                if (len > 0)
-                    mix(s + r * G * ss + t0, ss, len < block ? len : block,
-                        vals + t0 * D, D, acc + r * G * D);
-            }
-        for (int64_t r = 0; r < rows; r++)
-            for (int g = 0; g < G; g++) {
-                const __m256 f = _mm256_set1_ps(inv[r * G + g]);
-                const float *a = acc + (r * G + g) * D;
-                float *o = out + (r0 + r) * H * D + (h0 + g) * D;
-                for (int64_t d = 0; d < D; d += 8)
-                    _mm256_storeu_ps(o + d, _mm256_mul_ps(_mm256_loadu_ps(a + d), f));
-            }
-        free(acc);
-        free(s);
-    }
-}
-
-/* ---- a whole decode step's layers in one call: no per-op trip through Python ---- */
+/* ---- a whole step's layers in one call: no per-op trip through Python ---- */
 
 typedef struct {
     const uint16_t *dense;  /* bf16 [N, K] */
@@ -501,10 +438,10 @@ void int8_linear(const float *x, const uint8_t *w, int kind, float *y, const flo
 typedef struct {
     const float *attn_norm, *mlp_norm, *bqkv;  /* bqkv may be NULL */
     Matrix qkv, o, gate_up, down;
-    kv_t *k_cache, *v_cache;                   /* [KV, T, D] float16 */
+    kv_t *k_cache, *v_cache;                   /* block pools [NB, KV, BS, D], float16 */
 } Layer;
 
-/* y = x . W^T (+ residual) as `Matmul` does it: the blocks with int8 activations when the
+/* y = x . W^T (+ residual) as `kernel_linear` does it: the blocks with int8 activations when the
    matrix asks for them, else the blocks for up to packed_max rows, else the bf16 weights. */
 static void matrix_apply(const Matrix *m, const float *x, float *y, const float *residual,
                          int64_t M, int64_t N, int64_t K, int packed_max, int threads) {
@@ -554,16 +491,6 @@ void rope_store_paged(float *qkv, const float *rope, const Seq *seqs, int64_t S,
             }
         }
     }
-}
-
-/* Rotate the q and k heads of qkv [n, (H + 2 KV) * D] in place (adjacent pairs, rope[pos] holds
-   D/2 (cos, sin) pairs) and store k, v rows into the caches [KV, T, D] at start .. start+n-1:
-   `rope_store_paged` for one sequence whose caches are a single block of T positions. */
-void rope_store(float *qkv, const float *rope, int64_t start, int64_t n, int64_t H, int64_t KV,
-                int64_t D, kv_t *k_cache, kv_t *v_cache, int64_t T) {
-    const int32_t block = 0;
-    const Seq seq = {0, n, start, &block};
-    rope_store_paged(qkv, rope, &seq, 1, H, KV, D, k_cache, v_cache, T);
 }
 
 typedef struct {
@@ -639,8 +566,14 @@ static void attend_paged_task(const float *q, int64_t q_stride, const kv_t *k_po
 }
 
 /* Causal attention of every sequence's rows over its own paged keys and values (row r of a
-   sequence sees its positions 0 .. start + r); out [rows, H * D]. Tasks as in `attend` (a kv
-   head, a chunk of rows, a chunk of its query heads), for all sequences in one parallel loop. */
+   sequence sees its positions 0 .. start + r; q row i, head h at q[i * q_stride + h * D]);
+   out [rows, H * D]; query heads h = kv * G .. kv * G + G - 1 (G = H / KV) read kv head kv;
+   D % 32 == 0. A task is one kv head of one sequence for a chunk of its rows (and, when rows
+   are too few to keep the threads busy, a chunk of its query heads); it walks the keys, then
+   the values, a block at a time, and every row of the chunk uses a block while it is in L1,
+   so a verify step reads the cache about once per thread instead of once per row. All
+   sequences' tasks run in one parallel loop. A row's result depends only on its own
+   position, never on the rows beside it or on the chunking. */
 void attend_paged(const float *q, int64_t q_stride, const kv_t *k_pool, const kv_t *v_pool,
                   float *out, const Seq *seqs, int64_t S, int64_t H, int64_t KV, int64_t D,
                   int64_t BS, float scale, int threads) {
@@ -687,8 +620,9 @@ void attend_paged(const float *q, int64_t q_stride, const kv_t *k_pool, const kv
     }
 }
 
-/* `decode_layers` for a ragged batch: rows x [n, E] (in place) of S sequences, each with its
-   own positions and block table, through L layers whose k_cache / v_cache are block pools.
+/* Rows x [n, E] (in place) of S sequences, each with its own positions and block table, through
+   L layers whose k_cache / v_cache are block pools: RMSNorm, qkv (+ bias), RoPE + cache store,
+   attention, output projection, RMSNorm, SiLU-gated MLP, both residuals.
    The matmuls see all n rows at once (the weights stream once for the whole batch); RoPE and
    attention go per sequence. The same kernels in the same order as the per-op path. */
 void decode_layers_paged(float *x, int64_t n, const Seq *seqs, int64_t S, const Layer *layers,
@@ -717,17 +651,4 @@ void decode_layers_paged(float *x, int64_t n, const Seq *seqs, int64_t S, const 
         matrix_apply(&w->down, act, x, mid, n, E, I, packed_max, threads);
     }
     free(act); free(gu); free(att); free(qkv); free(mid); free(h);
-}
-
-/* Run n <= 32 rows x [n, E] (in place) through L layers at positions start .. start+n-1 of one
-   sequence whose caches [KV, T, D] are a single block of T positions: `decode_layers_paged`
-   with one sequence, so both paths share one layer loop (and give the same bits as the per-op
-   path, tested). */
-void decode_layers(float *x, int64_t n, int64_t start, const Layer *layers, int64_t L,
-                   int64_t E, int64_t I, int64_t H, int64_t KV, int64_t D, int64_t T,
-                   const float *rope, float eps, float scale, int packed_max, int threads) {
-    const int32_t block = 0;
-    const Seq seq = {0, n, start, &block};
-    decode_layers_paged(x, n, &seq, 1, layers, L, E, I, H, KV, D, T, rope, eps, scale, packed_max,
-                        threads);
 }

@@ -227,13 +227,14 @@ def test_cli_run_on_replay(tmp_path):
 
 
 @pytest.mark.parametrize("bad", ["{", "[1]"])
-def test_cli_bad_spec_config_is_a_clear_error(bad):
+@pytest.mark.parametrize("flag", ["--drafter-config", "--spec-config"])  # and its former name
+def test_cli_bad_drafter_config_is_a_clear_error(bad, flag):
     out = subprocess.run(
         [sys.executable, "-m", "agentrt.cli", "run", "t", "--engine", "replay",
-         "--replay-file", "x.json", "--spec-config", bad],
+         "--replay-file", "x.json", flag, bad],
         capture_output=True, text=True,
     )
-    assert out.returncode == 2 and "--spec-config" in out.stderr
+    assert out.returncode == 2 and "--drafter-config" in out.stderr
 
 
 def test_cli_models_list():

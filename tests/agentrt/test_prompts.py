@@ -49,7 +49,7 @@ def test_no_default_examples_with_a_custom_prompt_explicit_examples_or_without_l
 def engine():
     from agentrt.engine import NativeEngine
 
-    engine = NativeEngine(seed=0, speculation=None)
+    engine = NativeEngine(seed=0, drafter=None)
     yield engine
     engine.close()
 

@@ -205,7 +205,7 @@ def test_client_disconnect_cancels_a_stream_and_frees_its_blocks(native_server):
                             and _idle(m), "the cancelled stream to free its blocks")
     assert after["requests"]["finished"] == before["requests"]["finished"]
     assert after["speculation"]["generated_tokens"] == generated  # it never ran to the end
-    assert not server.chat.engine._running and not server.chat.engine._waiting
+    assert server.chat.engine.scheduler.in_flight() == 0
 
 
 def test_client_disconnect_cancels_a_plain_request(native_server):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from agentrt.engine.proposers import NgramProposer
+from agentrt.engine.drafters import NgramDrafter
 
 from benchmarks.ceiling import walk
 
@@ -18,19 +18,19 @@ def cost(n: int) -> float:
 def test_walk_drafts_exactly_what_verification_would_accept():
     prompt = [1, 2, 3, 4, 5, 6, 7, 8]
     output = [9, 1, 2, 3, 4, 10, 5, 6]
-    totals = walk(NgramProposer().begin(prompt), output, cost)
+    totals = walk(NgramDrafter().begin(prompt), output, cost)
     # steps: 1 (nothing matches 9) | 2 3 4 accepted + 10 | 5 (nothing matches 10) | 6, the last
     # token, always comes from the target
     assert (totals.tokens, totals.steps) == (7, 4)
     assert totals.tau == pytest.approx(7 / 4)
-    assert totals.spec_s == pytest.approx(1.0 + 1.3 + 1.0 + 1.0)
+    assert totals.drafted_s == pytest.approx(1.0 + 1.3 + 1.0 + 1.0)
     assert totals.speedup == pytest.approx(7 / 4.3)
 
 
 def test_walk_adds_up_and_handles_tiny_outputs():
-    one = walk(NgramProposer().begin([5, 6]), [7], cost)
+    one = walk(NgramDrafter().begin([5, 6]), [7], cost)
     assert (one.tokens, one.steps, one.tau, one.speedup) == (0, 0, None, None)
-    two = walk(NgramProposer().begin([5, 6, 5]), [6, 5, 6, 5, 6], cost)  # a period-2 repeat
+    two = walk(NgramDrafter().begin([5, 6, 5]), [6, 5, 6, 5, 6], cost)  # a period-2 repeat
     assert (two.tokens, two.steps) == (4, 1)
     both = one + two
     assert (both.tokens, both.steps, both.plain_s) == (4, 1, 4.0)

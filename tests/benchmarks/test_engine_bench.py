@@ -53,7 +53,7 @@ def test_openai_engine_against_a_served_endpoint(tmp_path):
     meta, summary, rows = results["meta"], results["summary"], results["rows"]
     assert meta["engine"] == "openai" and meta["systems"] == ["openai"]
     assert meta["base_url"] == server.url + "/v1" and meta["served_model"] == "fake-model"
-    assert meta["spec_config"] is None and meta["reference"] is None
+    assert meta["drafter_config"] is None and meta["reference"] is None
     entry = summary["all"]["openai"]
     assert entry["prompts"] == 1 and entry["new_tokens"] == len(PIECES)
     assert entry["decode_tok_s"] > 0 and entry["tau"] is None  # no /metrics on this server
@@ -102,14 +102,14 @@ def test_a_failing_server_stops_the_run_with_its_error(tmp_path):
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["--engine", "openai"], "needs --base-url"),
-    (["--engine", "openai", "--base-url", "http://127.0.0.1:9", "--spec-config",
+    (["--engine", "openai", "--base-url", "http://127.0.0.1:9", "--drafter-config",
       '{"method": "ngram"}'], "server decides"),
     (["--systems", "plain,turbo"], "unknown systems ['turbo']"),
     (["--sets", "nope"], "unknown prompt sets ['nope']"),
-    (["--engine", "vllm", "--spec-config", '{"num_speculative_tokens": 4}'], "needs a 'method'"),
-    (["--spec-config", '{"method": "ngram"}'], "pick it with --systems"),
-    (["--spec-config", '{"speed": 11}'], "NativeEngine has no option ['speed']"),
-    (["--spec-config", "not json"], "neither JSON nor a JSON file"),
+    (["--engine", "vllm", "--drafter-config", '{"num_speculative_tokens": 4}'], "needs a 'method'"),
+    (["--drafter-config", '{"method": "ngram"}'], "pick it with --systems"),
+    (["--drafter-config", '{"speed": 11}'], "NativeEngine has no option ['speed']"),
+    (["--drafter-config", "not json"], "neither JSON nor a JSON file"),
     (["--base-url", "http://127.0.0.1:9"], "are for the openai system"),
 ])
 def test_argument_errors_exit_with_a_clear_message(argv, message, capsys):
@@ -119,7 +119,7 @@ def test_argument_errors_exit_with_a_clear_message(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
-def test_engine_picks_the_default_systems_and_spec_config_is_parsed():
+def test_engine_picks_the_default_systems_and_drafter_config_is_parsed():
     def plan(*argv):
         args, parser = engine_bench.parse_args(list(argv))
         return engine_bench.make_plan(args, parser)
@@ -127,11 +127,13 @@ def test_engine_picks_the_default_systems_and_spec_config_is_parsed():
     assert plan().systems == list(engine_bench.NATIVE_SYSTEMS)
     vllm = plan("--engine", "vllm")
     assert vllm.systems == ["plain", "vllm", "vllm-spec"]
-    assert vllm.vllm_spec_config == vllm.spec_config == engine_bench.DEFAULT_VLLM_SPEC
-    custom = plan("--engine", "vllm", "--spec-config", '{"method": "suffix"}', "--systems", "vllm-spec")
+    assert vllm.vllm_spec_config == vllm.drafter_config == engine_bench.DEFAULT_VLLM_SPEC
+    custom = plan("--engine", "vllm", "--drafter-config", '{"method": "suffix"}', "--systems", "vllm-spec")
     assert custom.systems == ["vllm-spec"] and custom.vllm_spec_config == {"method": "suffix"}
-    native = plan("--spec-config", '{"num_speculative_tokens": 6}')
-    assert native.native_options == {"num_speculative_tokens": 6}
+    native = plan("--drafter-config", '{"draft_tokens": 6}')
+    assert native.native_options == {"draft_tokens": 6}
+    former = plan("--spec-config", '{"draft_tokens": 6}')  # the option's former name still works
+    assert former.native_options == {"draft_tokens": 6}
     assert plan("--engine", "openai", "--base-url", "http://h:1/v1").systems == ["openai"]
 
 

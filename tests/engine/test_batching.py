@@ -1,5 +1,5 @@
 """Continuous batching in the native engine, on the real SmolLM2-135M (bf16, CPU kernels):
-the ragged-batch forward against the single-sequence one bit for bit, the paged KV pool and its
+a ragged batch step against each sequence run alone bit for bit, the paged KV pool and its
 prefix index, and every request's output in a batch against the same request run alone."""
 
 from __future__ import annotations
@@ -11,9 +11,11 @@ import pytest
 import torch
 
 from agentrt.engine import EngineError, NativeEngine, SamplingParams, complete, models
+from agentrt.engine.draft_policy import plan_draft_lengths
 from agentrt.engine.kv_cache import KVPool
-from agentrt.engine.llama import SeqRows, Transformer
-from agentrt.engine.native import common_prefix, plan_draft_lengths
+from agentrt.engine.llama import SeqRows, SequenceCache, Transformer
+from agentrt.engine.scheduler import common_prefix
+from per_op_forward import per_op_forward
 from random_models import qwen_like
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -37,14 +39,14 @@ RULES = "\n".join(f"Rule {i}: when the input mentions item {i}, answer with the 
 @pytest.fixture(scope="module")
 def plain():
     models.ensure("smollm2-135m", "bf16")
-    eng = NativeEngine(speculation=None, max_seq_len=2048)
+    eng = NativeEngine(drafter=None, max_seq_len=2048)
     yield eng
     eng.close()
 
 
 @pytest.fixture(scope="module")
 def spec():
-    eng = NativeEngine(speculation="suffix", max_seq_len=2048)
+    eng = NativeEngine(drafter="suffix", max_seq_len=2048)
     yield eng
     eng.close()
 
@@ -56,9 +58,11 @@ def _kernels_or_skip(model: Transformer) -> None:
 
 # ------------------------------------------------------------------------ the forward
 
-def _ragged_steps(model: Transformer, ids: torch.Tensor, pool: KVPool) -> list[torch.Tensor]:
+def _ragged_steps(model: Transformer, ids: torch.Tensor, pool: KVPool,
+                  forward=None) -> list[torch.Tensor]:
     """Three sequences through ragged steps (prefill chunks of different sizes next to
-    single-token and 5-row steps of the others), in scattered blocks; logits per sequence."""
+    single-token and 5-row steps of the others), in scattered blocks; logits per sequence.
+    ``forward(model, tokens, seqs, pool)``: the step to use (default: the model's)."""
     tables = [torch.tensor(t, dtype=torch.int32) for t in ([5, 0, 9], [2, 7, 1], [3, 8, 4])]
     cuts = [[0, 50, 51, 56, 90], [0, 1, 2, 70, 90], [0, 33, 34, 35, 90]]
     out: list[list[torch.Tensor]] = [[], [], []]
@@ -69,7 +73,10 @@ def _ragged_steps(model: Transformer, ids: torch.Tensor, pool: KVPool) -> list[t
                 a, b = cuts[i][step], cuts[i][step + 1]
                 seqs.append(SeqRows(a, b - a, tables[i]))
                 tokens.append(ids[i, a:b])
-            logits = model.forward_batch(torch.cat(tokens), seqs, pool)
+            if forward is None:
+                logits = model(torch.cat(tokens), seqs, pool)
+            else:
+                logits = forward(model, torch.cat(tokens), seqs, pool)
             row = 0
             for i, s in enumerate(seqs):
                 out[i].append(logits[row:row + s.n])
@@ -79,8 +86,18 @@ def _ragged_steps(model: Transformer, ids: torch.Tensor, pool: KVPool) -> list[t
 
 def _pool(model: Transformer) -> KVPool:
     """A small block pool in the model's cache format."""
-    cfg = model.cfg
-    return KVPool(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, 10, 32, dtype=model.cache_dtype)
+    return model.new_pool(10, 32)
+
+
+def _alone(model: Transformer, ids: torch.Tensor, cuts: list[int]) -> list[torch.Tensor]:
+    """Each sequence of ``ids`` alone (one block table of its own), in steps between ``cuts``:
+    logits per sequence."""
+    out = []
+    with torch.inference_mode():
+        for row in ids:
+            cache = SequenceCache(model)
+            out.append(torch.cat([cache(row[None, a:b], a)[0] for a, b in zip(cuts, cuts[1:])]))
+    return out
 
 
 def test_ragged_batch_equals_each_sequence_alone_bit_for_bit():
@@ -88,16 +105,9 @@ def test_ragged_batch_equals_each_sequence_alone_bit_for_bit():
     for model in (Transformer.from_pretrained(path, "bf16", max_seq_len=128), qwen_like()):
         _kernels_or_skip(model)
         ids = torch.randint(0, model.vocab_size, (3, 90), generator=torch.Generator().manual_seed(3))
-        alone = []
-        with torch.inference_mode():
-            for i in range(3):  # the single-sequence path, steps of <= 32 rows
-                cuts = [0, 30, 60, 61, 90]
-                alone.append(torch.cat([model(ids[i:i + 1, a:b], a)[0]
-                                        for a, b in zip(cuts, cuts[1:])]))
+        alone = _alone(model, ids, [0, 30, 60, 61, 90])
         fused = _ragged_steps(model, ids, _pool(model))
-        model.fused_layers = False
-        per_op = _ragged_steps(model, ids, _pool(model))
-        model.fused_layers = True
+        per_op = _ragged_steps(model, ids, _pool(model), per_op_forward)
         for i in range(3):
             assert torch.equal(fused[i], per_op[i]), "one C call must equal one call per op"
             assert torch.equal(fused[i], alone[i]), "batching must not change a bit"
@@ -105,20 +115,16 @@ def test_ragged_batch_equals_each_sequence_alone_bit_for_bit():
 
 def test_int8_ragged_batch_equals_each_sequence_alone_bit_for_bit():
     """precision="int8" in the batch: the int8 kernel is row-independent too, so the ragged
-    step (one C call and one call per op) equals the single-sequence int8 forward bit for bit."""
+    step (one C call and one call per op) equals each sequence alone bit for bit."""
     path = models.ensure("smollm2-135m", "bf16")
     model = Transformer.from_pretrained(path, "bf16", max_seq_len=128, precision="int8")
     _kernels_or_skip(model)
     if model.int8_head is None:
         pytest.skip("no GGUF blocks for this checkpoint: int8 precision is not in use")
     ids = torch.randint(0, model.vocab_size, (3, 90), generator=torch.Generator().manual_seed(5))
-    with torch.inference_mode():
-        alone = [torch.cat([model(ids[i:i + 1, a:b], a)[0] for a, b in ((0, 32), (32, 33), (33, 60), (60, 90))])
-                 for i in range(3)]
+    alone = _alone(model, ids, [0, 32, 33, 60, 90])
     fused = _ragged_steps(model, ids, _pool(model))
-    model.fused_layers = False
-    per_op = _ragged_steps(model, ids, _pool(model))
-    model.fused_layers = True
+    per_op = _ragged_steps(model, ids, _pool(model), per_op_forward)
     for i in range(3):
         assert torch.equal(fused[i], per_op[i])
         assert torch.equal(fused[i], alone[i])
@@ -235,7 +241,7 @@ async def test_second_turn_prefills_only_new_tokens(plain):
     shared = common_prefix(prompt2, prompt1 + fed)
     assert two.metrics.cached_tokens == min(shared, len(prompt2) - 1) > 900
     assert two.metrics.prefill_tokens == len(prompt2) - two.metrics.cached_tokens
-    fresh = NativeEngine(speculation=None, max_seq_len=2048, prefix_cache=False)
+    fresh = NativeEngine(drafter=None, max_seq_len=2048, prefix_cache=False)
     try:
         assert (await complete(fresh, second, SamplingParams(max_tokens=8))).token_ids == two.token_ids
     finally:
@@ -272,7 +278,7 @@ def _smollm_bytes_per_token() -> int:
 
 async def test_small_budget_queues_and_preempts_without_changing_outputs():
     per_token = _smollm_bytes_per_token()
-    eng = NativeEngine(speculation=None, max_seq_len=1024, kv_cache_bytes=per_token * 64 * 4,
+    eng = NativeEngine(drafter=None, max_seq_len=1024, kv_cache_bytes=per_token * 64 * 4,
                        block_size=64)
     try:
         params = SamplingParams(max_tokens=40)
@@ -292,7 +298,7 @@ async def test_small_budget_queues_and_preempts_without_changing_outputs():
 
 async def test_urgent_request_preempts_less_urgent_ones():
     per_token = _smollm_bytes_per_token()
-    eng = NativeEngine(speculation=None, max_seq_len=1024, kv_cache_bytes=per_token * 64 * 3,
+    eng = NativeEngine(drafter=None, max_seq_len=1024, kv_cache_bytes=per_token * 64 * 3,
                        block_size=64)
     try:
         long = SamplingParams(max_tokens=60, priority=1)

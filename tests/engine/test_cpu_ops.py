@@ -1,6 +1,7 @@
-"""The compiled CPU attention (`CpuOps.attend`) against a torch reference: grouped heads of
-several widths, single and multi-row calls, and rows that never depend on the batch. Caches
-hold float16 keys and values; the reference reads the same values."""
+"""The compiled CPU attention (``attend_paged``, a step of `CpuOps.decode_layers_paged`) against a
+torch reference: grouped heads of several widths, single and multi-row calls, caches in one
+block or scattered over a pool, and rows that never depend on the batch or on the blocks that
+hold the keys. Caches hold float16 keys and values; the reference reads the same values."""
 
 from __future__ import annotations
 
@@ -10,6 +11,9 @@ import pytest
 import torch
 
 from agentrt.engine.cpu_ops import cpu_ops
+from agentrt.engine.llama import SeqRows
+from per_op_forward import attend_paged
+from random_models import qwen_like
 
 
 @pytest.fixture(scope="module")
@@ -18,6 +22,27 @@ def ops():
     if found is None:
         pytest.skip("no AVX2 / C compiler here: the plain torch path is in use")
     return found
+
+
+def attend(ops, qkv, k_cache, v_cache, start, heads, kv_heads, dim, block_size=None):
+    """`CpuOps.attend_paged` for one sequence whose keys and values are ``k_cache`` /
+    ``v_cache`` [KV, T, D]: in one block of T positions, or (``block_size``) spread over a pool
+    in blocks taken in reverse order."""
+    kv, length, _ = k_cache.shape
+    if block_size is None:
+        block_size, order = length, [0]
+    else:
+        order = list(range(-(-length // block_size)))[::-1]
+    pools = []
+    for cache in (k_cache, v_cache):
+        pool = torch.zeros(len(order), kv, block_size, dim, dtype=cache.dtype)
+        for j, block in enumerate(order):
+            part = cache[:, j * block_size:(j + 1) * block_size]
+            pool[block, :, :part.shape[1]] = part
+        pools.append(pool)
+    blocks = torch.tensor(order, dtype=torch.int32)
+    table = ops.seq_table([(0, qkv.shape[0], start, blocks)])
+    return attend_paged(ops, qkv, *pools, table, heads, kv_heads, dim)
 
 
 def reference(qkv, k_cache, v_cache, start, heads, kv_heads, dim):
@@ -39,22 +64,28 @@ def reference(qkv, k_cache, v_cache, start, heads, kv_heads, dim):
 @pytest.mark.parametrize("heads,kv_heads,dim", [(9, 3, 64), (4, 4, 32), (8, 4, 64), (8, 2, 128),
                                                 (10, 2, 32), (7, 1, 64)])
 @pytest.mark.parametrize("start,n", [(0, 1), (0, 6), (37, 1), (62, 3), (130, 5)])
-def test_attend_matches_reference(ops, heads, kv_heads, dim, start, n):
+@pytest.mark.parametrize("block_size", [None, 16])
+def test_attend_matches_reference(ops, heads, kv_heads, dim, start, n, block_size):
     gen = torch.Generator().manual_seed(heads * 1000 + start + n)
     length = start + n
     qkv = torch.randn(n, (heads + 2 * kv_heads) * dim, generator=gen)
     k_cache = torch.randn(kv_heads, length + 3, dim, generator=gen).half()
     v_cache = torch.randn(kv_heads, length + 3, dim, generator=gen).half()
-    got = ops.attend(qkv, k_cache, v_cache, start, heads, kv_heads, dim)
+    got = attend(ops, qkv, k_cache, v_cache, start, heads, kv_heads, dim, block_size)
     want = reference(qkv, k_cache, v_cache, start, heads, kv_heads, dim)
     assert (got - want).abs().max() < 1e-5
 
 
-def test_attend_refuses_float32_caches(ops):
-    qkv = torch.randn(1, 5 * 32)
-    cache = torch.zeros(1, 4, 32)
-    with pytest.raises(ValueError, match="float16"):
-        ops.attend(qkv, cache, cache, 0, 3, 1, 32)
+def test_the_step_refuses_float32_caches(ops):
+    model = qwen_like()
+    cfg = model.cfg
+    pool = model.new_pool(2, 16)
+    wrong = type(pool)(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, 2, 16, torch.float32)
+    seqs = [SeqRows(0, 3, torch.tensor([0], dtype=torch.int32))]
+    with torch.inference_mode():
+        model(torch.tensor([1, 2, 3]), seqs, pool)
+        with pytest.raises(ValueError, match="float16"):
+            model(torch.tensor([1, 2, 3]), seqs, wrong)
 
 
 def test_attend_rows_do_not_depend_on_the_batch(ops):
@@ -63,7 +94,8 @@ def test_attend_rows_do_not_depend_on_the_batch(ops):
     qkv = torch.randn(n, (heads + 2 * kv_heads) * dim, generator=gen)
     k_cache = torch.randn(kv_heads, start + n, dim, generator=gen).half()
     v_cache = torch.randn(kv_heads, start + n, dim, generator=gen).half()
-    together = ops.attend(qkv, k_cache, v_cache, start, heads, kv_heads, dim)
+    together = attend(ops, qkv, k_cache, v_cache, start, heads, kv_heads, dim)
+    assert torch.equal(attend(ops, qkv, k_cache, v_cache, start, heads, kv_heads, dim, 64), together)
     for r in range(n):
-        alone = ops.attend(qkv[r:r + 1].clone(), k_cache, v_cache, start + r, heads, kv_heads, dim)
+        alone = attend(ops, qkv[r:r + 1].clone(), k_cache, v_cache, start + r, heads, kv_heads, dim)
         assert torch.equal(alone[0], together[r])

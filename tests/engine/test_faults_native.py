@@ -26,7 +26,7 @@ TOPICS = ("colours", "primes", "France", "the sea", "variables", "French", "numb
 @pytest.fixture(scope="module")
 def engine():
     models.ensure("smollm2-135m", "bf16")
-    eng = NativeEngine(speculation=None, max_seq_len=160)
+    eng = NativeEngine(drafter=None, max_seq_len=160)
     yield eng
     eng.close()
 
@@ -61,7 +61,7 @@ def test_a_single_stop_string_is_one_stop_string():
 async def test_bad_messages_are_refused_before_anything_runs(engine, messages, where):
     with pytest.raises(ValueError, match=where):
         await complete(engine, messages, SamplingParams(max_tokens=2))
-    assert engine._waiting == [] and engine._running == []  # noqa: SLF001 - nothing was queued
+    assert engine.scheduler.in_flight() == 0  # nothing was queued
     ok = await complete(engine, CHAT, SamplingParams(max_tokens=3))
     assert ok.usage.completion_tokens >= 1
 
@@ -77,7 +77,7 @@ async def test_huge_max_tokens_is_bounded_by_the_context_before_state_is_built(e
     stream = engine.stream(count, SamplingParams(max_tokens=10**8))
     first = await stream.__anext__()  # the request is being decoded now
     assert first.finish_reason is None
-    (seq,) = engine._running  # noqa: SLF001 - the per-request state the bound protects
+    (seq,) = engine.scheduler.running  # the per-request state the bound protects
     assert seq.params.max_tokens == engine.max_seq_len - prompt
     assert seq.uniforms.residual.numel() <= engine.max_seq_len + 2 * 64
     # another request is served meanwhile, and the long one ends at the context, as "length"
@@ -101,13 +101,13 @@ def _prompts(n: int, verb: str = "Tell me about") -> list[list[dict[str, str]]]:
 
 @pytest.fixture
 def tiny():
-    """192 KV tokens (12 blocks of 16) for every request at once; suffix speculation, k=3; a
+    """192 KV tokens (12 blocks of 16) for every request at once; suffix drafts, k=3; a
     fresh engine (cold prefix cache) for each test."""
     from agentrt.engine.cpu_ops import CACHE_DTYPE, cpu_ops
 
     per_token = KVPool.bytes_per_token(30, 3, 64, CACHE_DTYPE if cpu_ops() is not None
                                        else torch.float32)
-    eng = NativeEngine(speculation="suffix", num_speculative_tokens=3, max_seq_len=512,
+    eng = NativeEngine(drafter="suffix", draft_tokens=3, max_seq_len=512,
                        kv_cache_bytes=per_token * 192, block_size=16)
     yield eng
     eng.close()
@@ -117,7 +117,7 @@ async def _batched_equals_solo(solo_engine: NativeEngine, engine: NativeEngine, 
                                params) -> None:
     """Every request run at once on ``engine`` equals the same request run alone on
     ``solo_engine`` (identical requests are run alone once). Outputs do not depend on the KV
-    budget, the batch or speculation, so the reference may come from a roomier engine; the
+    budget, the batch or drafting, so the reference may come from a roomier engine; the
     batch runs on a cold prefix cache, as the requests' first arrival."""
     solo: dict[str, object] = {}
     for m, p in zip(prompts, params):

@@ -14,8 +14,8 @@ from agentrt import Agent
 from agentrt.engine import (
     EngineError, ForcedEngine, NativeEngine, SamplingParams, complete, models,
 )
-from agentrt.engine.native import AdaptiveK, StepCosts
-from agentrt.engine.proposers import Draft
+from agentrt.engine.draft_policy import AdaptiveK, StepCosts
+from agentrt.engine.drafters import Draft
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 pytestmark = pytest.mark.anyio
@@ -39,14 +39,14 @@ ASK = [{"role": "user", "content": "Write a Python function that counts labels."
 @pytest.fixture(scope="module")
 def plain():
     models.ensure("smollm2-135m", "bf16")
-    eng = NativeEngine(speculation=None, max_seq_len=1024)
+    eng = NativeEngine(drafter=None, max_seq_len=1024)
     yield eng
     eng.close()
 
 
 @pytest.fixture(scope="module")
 def suffix():
-    eng = NativeEngine(speculation="suffix", num_speculative_tokens=4, max_seq_len=1024)
+    eng = NativeEngine(drafter="suffix", draft_tokens=4, max_seq_len=1024)
     yield eng
     eng.close()
 
@@ -134,11 +134,11 @@ async def test_cancelling_a_forced_stream_frees_it(suffix):
     after = await asyncio.wait_for(forced(suffix, CODE), timeout=120)
     assert after.text == CODE
     assert suffix.pool.in_use() == blocks_before == 0
-    assert not suffix._running and not suffix._waiting
+    assert suffix.scheduler.in_flight() == 0
 
 
-class ScriptedProposer:
-    """Proposes the script's own next tokens, with draft position ``wrong_at`` changed."""
+class ScriptedDrafter:
+    """Drafts the script's own next tokens, with draft position ``wrong_at`` changed."""
 
     name = "scripted"
     lookup = True
@@ -158,14 +158,14 @@ class ScriptedProposer:
 
 
 class ScriptedState:
-    def __init__(self, proposer: ScriptedProposer) -> None:
-        self.proposer, self.produced = proposer, 0
+    def __init__(self, drafter: ScriptedDrafter) -> None:
+        self.drafter, self.produced = drafter, 0
 
     def extend(self, token_ids: Sequence[int]) -> None:
         self.produced += len(token_ids)
 
-    def propose(self, k: int) -> Draft:
-        p = self.proposer
+    def draft(self, k: int) -> Draft:
+        p = self.drafter
         tokens = list(p.script[self.produced:self.produced + k])
         if p.wrong_at is not None and p.wrong_at < len(tokens):
             tokens[p.wrong_at] = tokens[p.wrong_at] + 1
@@ -176,13 +176,13 @@ class ScriptedState:
 
 
 async def test_a_draft_token_is_accepted_iff_it_is_the_scripted_token():
-    proposer = ScriptedProposer()
-    engine = NativeEngine(speculation=proposer, num_speculative_tokens=4, max_seq_len=1024)
+    drafter = ScriptedDrafter()
+    engine = NativeEngine(drafter=drafter, draft_tokens=4, max_seq_len=1024)
     try:
-        proposer.script = engine.tokenizer.encode(CODE)
+        drafter.script = engine.tokenizer.encode(CODE)
         results = {}
         for wrong_at in (None, 0, 2):
-            proposer.wrong_at = wrong_at
+            drafter.wrong_at = wrong_at
             out = await forced(engine, CODE)
             assert out.text == CODE
             results[wrong_at] = out.metrics
@@ -266,6 +266,6 @@ def test_forced_engine_runs_an_agent_and_reset_clears_adaptive_k():
         costs = policy.costs
         native.reset()
         assert not any(any(s) for s in policy.seen) and policy.costs is costs
-        assert native.proposer.corpus_tokens == 0
+        assert native.drafter.corpus_tokens == 0
     finally:
         native.close()

@@ -9,11 +9,12 @@ import os
 import pytest
 import torch
 
-from agentrt.engine import EngineError, NativeEngine, SamplingParams, complete
-from random_models import qwen_like
+from agentrt.engine import EngineError, NativeConfig, NativeEngine, SamplingParams, complete
 from agentrt.engine import models
-from agentrt.engine.llama import Transformer
+from agentrt.engine.llama import SeqRows, SequenceCache, Transformer
 from agentrt.engine.tokenizer import IncrementalDetokenizer, StopStringMatcher
+from per_op_forward import attend_paged, per_op_forward, rope_store_paged, silu_mul
+from random_models import qwen_like
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 pytestmark = pytest.mark.anyio
@@ -27,7 +28,7 @@ LIST = [{"role": "user", "content": "Count from one to ten in words, separated b
 @pytest.fixture(scope="module")
 def engine():
     models.ensure("smollm2-135m", "fp32")
-    eng = NativeEngine(dtype="fp32", speculation="ngram", num_speculative_tokens=4, max_seq_len=1024)
+    eng = NativeEngine(dtype="fp32", drafter="ngram", draft_tokens=4, max_seq_len=1024)
     yield eng
     eng.close()
 
@@ -50,12 +51,13 @@ def test_llama_logits_match_transformers():
     ours = Transformer.from_pretrained(path, "fp32", max_seq_len=128)
     theirs = _hf_model(path)
     ids = torch.randint(0, ours.vocab_size, (1, 24), generator=torch.Generator().manual_seed(1))
+    cache = SequenceCache(ours)
     with torch.inference_mode():
         ref = theirs(ids).logits
-        full = ours(ids, 0)
-        split = torch.cat([ours(ids[:, :16], 0), ours(ids[:, 16:20], 16),
-                           *[ours(ids[:, i:i + 1], i) for i in range(20, 24)]], dim=1)
-        last = ours(ids, 0, "last")
+        full = cache(ids, 0)
+        split = torch.cat([cache(ids[:, :16], 0), cache(ids[:, 16:20], 16),
+                           *[cache(ids[:, i:i + 1], i) for i in range(20, 24)]], dim=1)
+        last = cache(ids, 0, "last")
     scale = ref.abs().max()
     assert (full - ref).abs().max() < 1e-4 * scale
     assert (split - ref).abs().max() < 1e-4 * scale
@@ -81,10 +83,10 @@ def test_llama_matches_transformers_on_other_families(tmp_path, model_type):
     hf.save_pretrained(tmp_path)
     ours = Transformer.from_pretrained(tmp_path, "fp32", max_seq_len=64)
     ids = torch.randint(0, 300, (2, 12))
-    ours.allocate_cache(2, 64)
+    cache = SequenceCache(ours, batch=2)
     with torch.inference_mode():
         ref = hf(ids).logits
-        got = torch.cat([ours(ids[:, :7], 0), ours(ids[:, 7:], 7)], dim=1)
+        got = torch.cat([cache(ids[:, :7], 0), cache(ids[:, 7:], 7)], dim=1)
     assert (got - ref).abs().max() < 1e-4
 
 
@@ -99,8 +101,9 @@ def test_bf16_model_matches_float32_math_on_bf16_weights():
     ids = torch.randint(0, model.vocab_size, (1, 10), generator=torch.Generator().manual_seed(2))
     with torch.inference_mode():
         ref = reference(ids).logits
-        wide = model(ids, 0)
-        step = torch.cat([model(ids[:, i:i + 1], i) for i in range(10)], dim=1)
+        wide = SequenceCache(model)(ids, 0)
+        cache = SequenceCache(model)
+        step = torch.cat([cache(ids[:, i:i + 1], i) for i in range(10)], dim=1)
     scale = ref.abs().max()
     tolerance = 1e-3 if model.cache_dtype == torch.float16 else 1e-4
     assert (wide - ref).abs().max() < tolerance * scale
@@ -144,7 +147,7 @@ def test_cpu_fused_ops_match_torch():
     assert torch.allclose(ops.rms_norm(x, w, 1e-5), F.rms_norm(x, (64,), w, 1e-5), atol=1e-5)
     gate_up = torch.randn(2, 96, generator=gen) * 4
     ref = F.silu(gate_up[:, :48]) * gate_up[:, 48:]
-    assert torch.allclose(ops.silu_mul(gate_up), ref, rtol=1e-5, atol=1e-5)
+    assert torch.allclose(silu_mul(ops, gate_up), ref, rtol=1e-5, atol=1e-5)
 
     heads, kv_heads, dim, length, start = 6, 2, 32, 40, 37
     rope = torch.polar(torch.ones(64, dim // 2), torch.rand(64, dim // 2, generator=gen) * 6)
@@ -156,12 +159,15 @@ def test_cpu_fused_ops_match_torch():
     k_ref, v_ref = k_cache.clone(), v_cache.clone()
     k_ref[0, :, start:start + 3] = expected_qk[0, :, heads:].transpose(0, 1)  # rounded to float16
     v_ref[0, :, start:start + 3] = qkv[:, (heads + kv_heads) * dim:].view(3, kv_heads, dim).transpose(0, 1)
-    ops.rope_store(qkv, torch.view_as_real(rope).contiguous(), start, heads, kv_heads, dim, k_cache, v_cache)
+    block = torch.tensor([0], dtype=torch.int32)  # one sequence, its cache one block of 64 positions
+    table = ops.seq_table([(0, 3, start, block)])
+    rope_store_paged(ops, qkv, torch.view_as_real(rope).contiguous(), table, heads, kv_heads, dim,
+                     k_cache, v_cache)
     rotated = qkv[:, :(heads + kv_heads) * dim].view(1, 3, heads + kv_heads, dim)
     assert torch.allclose(rotated, expected_qk, atol=1e-5)
     assert torch.allclose(k_cache.float(), k_ref.float(), atol=1e-3) and torch.equal(v_cache, v_ref)
 
-    got = ops.attend(qkv, k_cache, v_cache, start, heads, kv_heads, dim)
+    got = attend_paged(ops, qkv, k_cache, v_cache, table, heads, kv_heads, dim)
     groups = heads // kv_heads
     causal = (torch.arange(start + 3)[None, :] <= torch.arange(start, start + 3)[:, None]).repeat(groups, 1)
     ref = _grouped_attention(qkv[:, :heads * dim].view(1, 3, heads, dim),
@@ -170,25 +176,46 @@ def test_cpu_fused_ops_match_torch():
     assert torch.allclose(got, ref.reshape(3, -1), atol=1e-5)
 
 
-def _steps(model: Transformer, ids: torch.Tensor) -> torch.Tensor:
-    """Logits of a prefill, single steps and 3-, 8- and 32-row verify steps over ``ids``."""
+def _steps(model: Transformer, ids: torch.Tensor, forward=None) -> torch.Tensor:
+    """Logits of a prefill, single steps and 3-, 8- and 32-row verify steps over ``ids`` (one
+    sequence; ``forward(model, tokens, seqs, pool)``: the step, default the model's)."""
     cuts = [0, 40, 41, 42, 45, 53, 85]
+    forward = forward or (lambda m, tokens, seqs, pool: m(tokens, seqs, pool))
+    cache = SequenceCache(model)
     with torch.inference_mode():
-        return torch.cat([model(ids[:, a:b], a) for a, b in zip(cuts, cuts[1:])], dim=1)
+        return torch.cat([forward(model, ids[0, a:b], [SeqRows(a, b - a, cache.tables[0])],
+                                  cache.pool) for a, b in zip(cuts, cuts[1:])])
 
 
-def test_fused_layers_equal_one_call_per_op():
+def test_one_call_step_equals_one_call_per_op():
     _ops_or_skip()
     path = models.ensure("smollm2-135m", "bf16")
     pulled = Transformer.from_pretrained(path, "bf16", max_seq_len=128)
     qwen = qwen_like()  # q/k/v bias, 2 query heads per kv head, random bf16 weights
     for model in (pulled, qwen):
-        assert model.ops is not None and model.matmul.ops is not None
+        assert model.ops is not None
         ids = torch.randint(0, model.vocab_size, (1, 85), generator=torch.Generator().manual_seed(8))
-        fused = _steps(model, ids)
-        model.fused_layers = False
-        assert torch.equal(fused, _steps(model, ids))
-        model.fused_layers = True
+        assert torch.equal(_steps(model, ids), _steps(model, ids, per_op_forward))
+
+
+def test_truncated_model_shares_the_weights_and_runs_its_first_layers():
+    """A layer-skip drafter is the first n layers of the target, same weights and blocks, with
+    a cache of its own: its logits are the target's head over the target's n-th hidden state."""
+    path = models.ensure("smollm2-135m", "bf16")
+    target = Transformer.from_pretrained(path, "bf16", max_seq_len=64)
+    draft = target.truncated(4)
+    assert draft.cfg.num_layers == 4 and len(draft.layers) == 4
+    assert all(a is b for a, b in zip(draft.layers, target.layers))
+    assert draft.embed is target.embed and draft.packed_head is target.packed_head
+    ids = torch.randint(0, target.vocab_size, (1, 12), generator=torch.Generator().manual_seed(9))
+    first4 = Transformer.from_pretrained(path, "bf16", max_seq_len=64)  # the same, cut by hand
+    del first4.layers[4:]
+    first4.cfg = draft.cfg
+    with torch.inference_mode():
+        assert torch.equal(SequenceCache(draft)(ids, 0), SequenceCache(first4)(ids, 0))
+        assert not torch.equal(SequenceCache(draft)(ids, 0), SequenceCache(target)(ids, 0))
+    with pytest.raises(ValueError, match="num_layers"):
+        target.truncated(31)
 
 
 def test_torch_fallback_matches_cpu_kernels():
@@ -199,11 +226,29 @@ def test_torch_fallback_matches_cpu_kernels():
     assert fast.ops is not None and plain.ops is None
     ids = torch.randint(0, fast.vocab_size, (1, 9), generator=torch.Generator().manual_seed(5))
     with torch.inference_mode():
-        a = torch.cat([fast(ids[:, :6], 0), fast(ids[:, 6:7], 6), fast(ids[:, 7:], 7)], dim=1)
-        b = torch.cat([plain(ids[:, :6], 0), plain(ids[:, 6:7], 6), plain(ids[:, 7:], 7)], dim=1)
+        a, b = ([cache(ids[:, :6], 0), cache(ids[:, 6:7], 6), cache(ids[:, 7:], 7)]
+                for cache in (SequenceCache(fast), SequenceCache(plain)))
+        a, b = torch.cat(a, dim=1), torch.cat(b, dim=1)
     # the fallback rounds single-token activations to bf16 for torch's bf16 matmul
     assert (a - b).abs().max() < 1e-2 * b.abs().max()
     assert (a.argmax(-1) == b.argmax(-1)).float().mean() >= 0.8
+
+
+# ----------------------------------------------------------------------------- the config
+
+def test_config_checks_its_fields_and_names_renamed_options():
+    assert NativeConfig().replace(drafter=None, draft_tokens=3) == NativeConfig(drafter=None, draft_tokens=3)
+    for bad in ({"drafter": "turbo"}, {"draft_tokens": -1}, {"draft_tokens": "many"},
+                {"acceptance_threshold": 0.0}, {"block_size": 0}, {"precision": "int4"},
+                {"dtype": "bf15"}, {"priority_share": 1.5}, {"kv_cache_bytes": None}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            NativeConfig(**bad)
+    with pytest.raises(TypeError, match="'speculation' is now 'drafter'"):
+        NativeConfig().replace(speculation=None)
+    with pytest.raises(TypeError, match="'num_speculative_tokens' is now 'draft_tokens'"):
+        NativeEngine(num_speculative_tokens=4)  # refused before any model loads
+    with pytest.raises(TypeError, match="no option \\['turbo'\\]"):
+        NativeEngine(turbo=True)
 
 
 # ------------------------------------------------------------------------- text plumbing
@@ -346,9 +391,9 @@ async def test_default_bf16_engine_with_adaptive_suffix_speculation():
 
 
 async def test_draft_model_speculation_with_sampling():
-    eng = NativeEngine(dtype="fp32", speculation="draft", draft_model=6, num_speculative_tokens=3,
+    eng = NativeEngine(dtype="fp32", drafter="draft", draft_model=6, draft_tokens=3,
                        max_seq_len=512)
-    plain = NativeEngine(dtype="fp32", speculation=None, max_seq_len=512)
+    plain = NativeEngine(dtype="fp32", drafter=None, max_seq_len=512)
     try:
         greedy = SamplingParams(max_tokens=12)
         drafted = await complete(eng, CODE, greedy)
@@ -361,7 +406,7 @@ async def test_draft_model_speculation_with_sampling():
 
 
 async def test_lossy_threshold_is_reported():
-    eng = NativeEngine(dtype="fp32", speculation="ngram", num_speculative_tokens=3,
+    eng = NativeEngine(dtype="fp32", drafter="ngram", draft_tokens=3,
                        acceptance_threshold=0.5, max_seq_len=512)
     try:
         out = await complete(eng, LIST, SamplingParams(max_tokens=8, temperature=0.8, seed=3))

@@ -1,7 +1,7 @@
 """`OpenAIEngine` against a real scripted HTTP server on 127.0.0.1 (tests/fake_openai_server.py).
 
 Covers streaming in both API shapes, the request body, retry before the first token, no retry
-after it, 4xx, timeouts, connection refused, and vLLM's /metrics mapped to `SpecMetrics`.
+after it, 4xx, timeouts, connection refused, and vLLM's /metrics mapped to `DecodeMetrics`.
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ import pytest
 
 from agentrt.engine import EngineError, EngineStreamError, SamplingParams, complete
 from agentrt.engine.openai_engine import EngineHTTPError, OpenAIEngine
-from agentrt.engine.spec_config import (
-    SpecCounters,
+from agentrt.engine.drafter_config import (
+    DecodeCounters,
     counters_from_prometheus,
     parse_prometheus,
-    parse_spec_config,
-    spec_metrics_from_request,
+    parse_drafter_config,
+    decode_metrics_from_request,
 )
 
 from fake_openai_server import FakeOpenAIServer, Hangup, Stall, Status, Stream, engine_for
@@ -298,13 +298,13 @@ def test_prometheus_parser_reads_labels_and_skips_comments():
     assert created and created[0].value > 1e9  # a timestamp gauge, must not be read as a count
 
 
-def test_real_vllm_metrics_map_to_spec_metrics():
+def test_real_vllm_metrics_map_to_decode_metrics():
     counters = counters_from_prometheus(VLLM_METRICS)
-    assert counters.has_spec
+    assert counters.has_drafter
     assert (counters.drafts, counters.draft_tokens, counters.accepted_tokens) == (23, 92, 78)
     assert counters.accepted_per_position == [23, 19, 18, 18]
     assert counters.generation_tokens == 102
-    metrics = counters.to_spec_metrics()
+    metrics = counters.to_decode_metrics()
     assert metrics.generated_tokens == 102
     assert metrics.verify_steps == 102 - 78
     assert metrics.tau == pytest.approx(102 / 24)
@@ -314,8 +314,8 @@ def test_real_vllm_metrics_map_to_spec_metrics():
 
 
 def test_counter_difference_is_one_generation():
-    before = SpecCounters(drafts=10, draft_tokens=40, accepted_tokens=30,
-                          accepted_per_position=[10, 8, 7], generation_tokens=50, has_spec=True)
+    before = DecodeCounters(drafts=10, draft_tokens=40, accepted_tokens=30,
+                          accepted_per_position=[10, 8, 7], generation_tokens=50, has_drafter=True)
     after = counters_from_prometheus(VLLM_METRICS)
     delta = after - before
     assert (delta.drafts, delta.draft_tokens, delta.accepted_tokens) == (13, 52, 48)
@@ -323,12 +323,12 @@ def test_counter_difference_is_one_generation():
     assert delta.generation_tokens == 52
 
 
-def test_per_request_summary_maps_to_spec_metrics():
+def test_per_request_summary_maps_to_decode_metrics():
     summary = {"mean_acceptance_length": 3.0, "draft_acceptance_rate": 0.5,
                "acceptance_histogram": [1, 0, 1, 0, 2], "num_spec_steps": 4,
                "num_accepted_draft_tokens": 10, "num_draft_tokens": 16, "num_spec_tokens": 4,
                "per_step_accepted": [0, 2, 4, 4], "per_step_drafted": [4, 4, 4, 4]}
-    metrics = spec_metrics_from_request(summary, generated_tokens=20)
+    metrics = decode_metrics_from_request(summary, generated_tokens=20)
     assert metrics.accepted_per_position == [3, 3, 2, 2]
     assert metrics.drafted_per_position == [4, 4, 4, 4]
     assert (metrics.drafts, metrics.draft_tokens, metrics.accepted_tokens) == (4, 16, 10)
@@ -355,7 +355,7 @@ async def test_generation_metrics_are_the_counter_difference(server):
         assert metrics.tau == pytest.approx(4.0)
         assert metrics.wall_s >= metrics.prefill_s >= 0
         assert engine.metrics().accepted_tokens == 30
-        lifetime = await engine.spec_metrics()
+        lifetime = await engine.decode_metrics()
         assert lifetime.accepted_tokens == 108
 
 
@@ -377,14 +377,14 @@ async def test_per_request_summary_in_the_usage_chunk_wins(server):
     assert metrics.verify_steps == 3 and metrics.tau == pytest.approx(2.0)
 
 
-def test_parse_spec_config_forms(tmp_path):
+def test_parse_drafter_config_forms(tmp_path):
     ngram = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}
-    assert parse_spec_config(json.dumps(ngram)) == ngram
+    assert parse_drafter_config(json.dumps(ngram)) == ngram
     path = tmp_path / "spec.json"
     path.write_text(json.dumps(ngram))
-    assert parse_spec_config(str(path)) == ngram
-    assert parse_spec_config(None) is None and parse_spec_config("") is None
+    assert parse_drafter_config(str(path)) == ngram
+    assert parse_drafter_config(None) is None and parse_drafter_config("") is None
     with pytest.raises(ValueError, match="method"):
-        parse_spec_config('{"num_speculative_tokens": 4}')
+        parse_drafter_config('{"num_speculative_tokens": 4}')
     with pytest.raises(ValueError, match="JSON"):
-        parse_spec_config("{nope")
+        parse_drafter_config("{nope")

@@ -4,6 +4,8 @@ GGUF file written here, and the pulled model decoding identically with and witho
 
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 import pytest
 import torch
@@ -95,7 +97,7 @@ def test_from_gguf_matches_permuted_rows_and_round_trips(tmp_path):
 
 def test_pulled_model_decodes_identically_with_and_without_blocks():
     from agentrt.engine import models
-    from agentrt.engine.llama import Transformer
+    from agentrt.engine.llama import SequenceCache, Transformer
 
     path = models.ensure("smollm2-135m", "bf16")
     model = Transformer.from_pretrained(path, "bf16", "cpu", max_seq_len=128)
@@ -104,18 +106,19 @@ def test_pulled_model_decodes_identically_with_and_without_blocks():
     blocks = packed.load(path / packed.PACKED_FILE)
     assert blocks, "models pull writes the GGUF blocks next to the bf16 weights"
     assert model.packed_head is not None
-    assert all(len(w["packed"]) == 4 for w in model.layer_weights)
+    assert all(len(layer.packed) == 4 for layer in model.layers)
 
     ids = torch.randint(0, model.vocab_size, (1, 24), generator=torch.Generator().manual_seed(6))
 
     def run() -> torch.Tensor:  # a prefill, single steps, and 2- and 3-token verify steps
+        cache = SequenceCache(model)
         with torch.inference_mode():
-            return torch.cat([model(ids[:, :16], 0), *[model(ids[:, i:i + 1], i) for i in (16, 17, 18)],
-                              model(ids[:, 19:21], 19), model(ids[:, 21:24], 21)], dim=1)
+            return torch.cat([cache(ids[:, :16], 0), *[cache(ids[:, i:i + 1], i) for i in (16, 17, 18)],
+                              cache(ids[:, 19:21], 19), cache(ids[:, 21:24], 21)], dim=1)
 
     with_blocks = run()
-    for w in model.layer_weights:
-        w["packed"] = None
+    for layer in model.layers:
+        layer.packed = {}
     model.packed_head = None
     assert torch.equal(with_blocks, run())
     # and the loader refuses blocks that do not reproduce the weights
@@ -168,13 +171,38 @@ def _ops():
     return ops
 
 
+def quantize_q8_rows(ops, x: torch.Tensor):
+    """The C step of `CpuOps.int8_linear` that quantises ``x[M, K]`` (float32, K % 32 == 0):
+    int8 codes ``[M, K]``, block scales and scaled block sums ``[M, K / 32]``."""
+    ptr, i64 = ctypes.c_void_p, ctypes.c_int64
+    fn = ops.lib.quantize_q8_rows
+    fn.argtypes, fn.restype = [ptr, i64, i64, ptr, ptr, ptr], None
+    rows, width = x.shape
+    q = torch.empty(rows, width, dtype=torch.int8)
+    d, sx = torch.empty(rows, width // 32), torch.empty(rows, width // 32)
+    fn(x.data_ptr(), rows, width, q.data_ptr(), d.data_ptr(), sx.data_ptr())
+    return q, d, sx
+
+
+def q8_blocks_linear(ops, q, d, sx, w) -> torch.Tensor:
+    """The C step of `CpuOps.int8_linear` that multiplies codes from `quantize_q8_rows` with
+    interleaved blocks ``w``."""
+    ptr, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    fn = ops.lib.q8_blocks_linear
+    fn.argtypes, fn.restype = [ptr, ptr, ptr, ptr, i32, ptr, ptr, i64, i64, i64, i32], None
+    y = torch.empty(q.shape[0], w.out_features)
+    fn(q.data_ptr(), d.data_ptr(), sx.data_ptr(), w.blocks.data_ptr(), {"q4_1": 0, "q8_0": 1}[w.kind],
+       y.data_ptr(), None, q.shape[0], w.out_features, w.in_features, torch.get_num_threads())
+    return y
+
+
 def test_quantized_activations_match_the_reference():
     ops = _ops()
     gen = torch.Generator().manual_seed(8)
     x = torch.randn(5, 96, generator=gen) * torch.tensor([1e-3, 1.0, 30.0, 1.0, 5.0])[:, None]
     x[1, 32:64] = 0.0                       # a block of zeros: scale 0, codes 0
     x[2, :32] = torch.tensor([127.0, 2.5, -3.5, 0.5, -0.5, 1.5] + [0.25] * 26)  # ties to even
-    q, d, sx = ops.quantize_q8_rows(x)
+    q, d, sx = quantize_q8_rows(ops, x)
     want_q, want_d, want_sx = quantize_reference(x)
     assert torch.equal(q, want_q) and torch.equal(d, want_d) and torch.equal(sx, want_sx)
     assert q[2, :6].tolist() == [127, 2, -4, 0, 0, 2] and d[1, 1] == 0 and not q[1, 32:64].any()
@@ -196,7 +224,7 @@ def test_int8_kernel_matches_its_reference_bit_for_bit(kind, out_features, in_fe
         got = ops.int8_linear(x, fast)
         assert torch.equal(got, int8_reference(x, matrix))
         assert torch.equal(ops.int8_linear(x, fast, residual), int8_reference(x, matrix, residual))
-        assert torch.equal(ops.q8_blocks_linear(*ops.quantize_q8_rows(x), fast), got)
+        assert torch.equal(q8_blocks_linear(ops, *quantize_q8_rows(ops, x), fast), got)
         # each row alone gives the same result as in the batch
         assert torch.equal(ops.int8_linear(x[-1:].clone(), fast)[0], got[-1])
         # and int8 activations stay close to the float product
@@ -209,28 +237,29 @@ def test_int8_kernel_refuses_bad_shapes():
     matrix = PackedMatrix("q4_1", random_blocks("q4_1", 4, 64), 64).interleaved()
     with pytest.raises(ValueError, match="float32 x"):
         ops.int8_linear(torch.zeros(2, 96), matrix)
-    with pytest.raises(ValueError, match="quantize_q8_rows"):
-        ops.quantize_q8_rows(torch.zeros(2, 40))
+    with pytest.raises(ValueError, match="float32 x"):
+        ops.int8_linear(torch.zeros(2, 64, dtype=torch.float64), matrix)
 
 
 def test_int8_precision_on_the_pulled_model():
     """precision="int8" on SmolLM2: every matrix and the head get interleaved blocks; a row's
     logits do not depend on the rows batched with it (so greedy speculative == greedy plain);
-    the fused one-call path equals the one-call-per-op path; the logits stay close to exact
+    the one-call step equals the one-call-per-op path; the logits stay close to exact
     ones on a real prompt; and switching back gives the exact logits again."""
     import json
     from pathlib import Path
 
     from agentrt.engine import models
-    from agentrt.engine.llama import Transformer
+    from agentrt.engine.llama import SeqRows, SequenceCache, Transformer
     from agentrt.engine.tokenizer import ChatTokenizer
+    from per_op_forward import per_op_forward
 
     path = models.ensure("smollm2-135m", "bf16")
     model = Transformer.from_pretrained(path, "bf16", "cpu", max_seq_len=256, precision="int8")
     if model.ops is None:
         pytest.skip("no AVX2 / C compiler here: int8 precision needs the CPU kernels")
     assert model.precision == "int8" and model.int8_head is not None
-    assert all(len(w["int8"]) == 4 for w in model.layer_weights)
+    assert all(len(layer.int8) == 4 for layer in model.layers)
     with pytest.raises(ValueError, match="precision"):
         model.precision = "int4"
 
@@ -238,21 +267,25 @@ def test_int8_precision_on_the_pulled_model():
                          "agent_code.jsonl").read_text().splitlines()[0])
     ids = torch.tensor([ChatTokenizer(path).encode_chat(prompt["messages"])[:96]])
 
-    def chunks(size: int) -> torch.Tensor:
+    def chunks(size: int, forward=None) -> torch.Tensor:
+        cache = SequenceCache(model)
         with torch.inference_mode():
-            return torch.cat([model(ids[:, a:a + size], a) for a in range(0, 96, size)], dim=1)
+            if forward is None:
+                return torch.cat([cache(ids[:, a:a + size], a) for a in range(0, 96, size)], dim=1)
+            return torch.cat([forward(model, ids[0, a:a + size], [SeqRows(a, size, cache.tables[0])],
+                                      cache.pool) for a in range(0, 96, size)])[None]
 
     by_32 = chunks(32)
     assert torch.equal(chunks(8), by_32)                                 # 8-row steps
+    cache = SequenceCache(model)
     with torch.inference_mode():
-        singles = torch.cat([model(ids[:, i:i + 1], i) for i in range(88, 96)], dim=1)
+        cache(ids[:, :88], 0)
+        singles = torch.cat([cache(ids[:, i:i + 1], i) for i in range(88, 96)], dim=1)
     assert torch.equal(singles, by_32[:, 88:])                           # single steps
-    model.fused_layers = False
-    assert torch.equal(chunks(32), by_32)
-    model.fused_layers = True
+    assert torch.equal(chunks(32, per_op_forward), by_32)                # one call per op
 
     model.precision = "exact"
-    assert model.int8_head is None and all(w["int8"] is None for w in model.layer_weights)
+    assert model.int8_head is None and not any(layer.int8 for layer in model.layers)
     exact = chunks(32)
     top1 = (exact.argmax(-1) == by_32.argmax(-1)).float().mean()
     log_p, log_q = exact.log_softmax(-1), by_32.log_softmax(-1)

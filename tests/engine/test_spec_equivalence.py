@@ -1,11 +1,11 @@
-"""Speculative decoding is lossless: with the real SmolLM2 in fp32, greedy speculative output
-equals greedy plain output for every proposer, on agent-code, chat and copy-heavy prompts.
+"""Speculative decoding is lossless: with the real SmolLM2 in fp32, greedy drafted output
+equals greedy plain output for every drafter, on agent-code, chat and copy-heavy prompts.
 
 Batched (k+1 token) and single-token forwards round differently, so at a genuine near-tie the
 two runs may pick different tokens. Such divergences are reported with their logit gap, and the
 gap must be tiny; any other difference fails. The same holds for seeded sampling: with
 deterministic drafts the engine samples every position from uniforms indexed by output position,
-so a seeded speculative run must reproduce the plain run token for token.
+so a seeded drafted run must reproduce the plain run token for token.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from agentrt.engine import NativeEngine, SamplingParams, complete, models
-from agentrt.engine.llama import Transformer
+from agentrt.engine.llama import SequenceCache, Transformer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -46,7 +46,7 @@ def reference_model() -> Transformer:
 
 @pytest.fixture(scope="module")
 def plain():
-    eng = NativeEngine(dtype="fp32", speculation=None, max_seq_len=2048)
+    eng = NativeEngine(dtype="fp32", drafter=None, max_seq_len=2048)
     yield eng
     eng.close()
 
@@ -61,7 +61,7 @@ def run_all(engine, prompts, params) -> list[list[int]]:
 def logits_after(model: Transformer, engine: NativeEngine, messages, generated: list[int]) -> torch.Tensor:
     ids = engine.tokenizer.encode_chat(messages) + generated
     with torch.inference_mode():
-        return model(torch.tensor([ids]), 0, "last")[0, -1]
+        return SequenceCache(model, max_len=len(ids))(torch.tensor([ids]), 0, "last")[0, -1]
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
@@ -97,15 +97,15 @@ def check_greedy(engine, plain, reference_model, prompts, max_tokens):
         gap = float((logits[want[i]] - logits[have[i]]).abs() / logits.abs().max())
         ties.append((prompt["id"], i, gap))
         assert gap < MAX_TIE_GAP, f"{prompt['id']}: diverged at token {i} with logit gap {gap:.2e}"
-    print(f"\n{engine.speculation}: {len(prompts)} prompts, near-tie divergences: {ties}")
+    print(f"\n{engine.config.drafter}: {len(prompts)} prompts, near-tie divergences: {ties}")
     metrics = engine.metrics()
-    assert metrics.drafts > 0, "the proposer never drafted: the test would prove nothing"
+    assert metrics.drafts > 0, "the drafter never drafted: the test would prove nothing"
     return metrics
 
 
-@pytest.mark.parametrize("speculation,k", [("ngram", 5), ("suffix", 5)])
-def test_greedy_speculative_equals_plain(plain, reference_model, speculation, k):
-    engine = NativeEngine(dtype="fp32", speculation=speculation, num_speculative_tokens=k, max_seq_len=2048)
+@pytest.mark.parametrize("drafter,k", [("ngram", 5), ("suffix", 5)])
+def test_greedy_drafted_equals_plain(plain, reference_model, drafter, k):
+    engine = NativeEngine(dtype="fp32", drafter=drafter, draft_tokens=k, max_seq_len=2048)
     try:
         metrics = check_greedy(engine, plain, reference_model, PROMPTS, max_tokens=12)
         assert metrics.accepted_tokens > 0
@@ -114,7 +114,7 @@ def test_greedy_speculative_equals_plain(plain, reference_model, speculation, k)
 
 
 def test_greedy_draft_model_equals_plain(plain, reference_model):
-    engine = NativeEngine(dtype="fp32", speculation="draft", draft_model=8, num_speculative_tokens=3,
+    engine = NativeEngine(dtype="fp32", drafter="draft", draft_model=8, draft_tokens=3,
                           max_seq_len=2048)
     try:
         check_greedy(engine, plain, reference_model, PROMPTS[::6], max_tokens=12)
@@ -123,7 +123,7 @@ def test_greedy_draft_model_equals_plain(plain, reference_model):
 
 
 def test_adaptive_k_equals_plain(plain, reference_model):
-    engine = NativeEngine(dtype="fp32", speculation="suffix", max_seq_len=2048)
+    engine = NativeEngine(dtype="fp32", drafter="suffix", max_seq_len=2048)
     try:
         copy = [p for p in PROMPTS if p["id"].startswith("copy")]
         check_greedy(engine, plain, reference_model, copy[:2], max_tokens=16)
@@ -131,10 +131,10 @@ def test_adaptive_k_equals_plain(plain, reference_model):
         engine.close()
 
 
-def test_seeded_sampling_speculative_equals_plain(plain, reference_model):
-    from agentrt.engine.native import _Uniforms
+def test_seeded_sampling_drafted_equals_plain(plain, reference_model):
+    from agentrt.engine.verify import Uniforms
 
-    engine = NativeEngine(dtype="fp32", speculation="ngram", num_speculative_tokens=4, max_seq_len=2048)
+    engine = NativeEngine(dtype="fp32", drafter="ngram", draft_tokens=4, max_seq_len=2048)
     prompts = [p for p in PROMPTS if p["id"].startswith("copy")][:3]
     try:
         for seed, prompt in enumerate(prompts):
@@ -149,7 +149,7 @@ def test_seeded_sampling_speculative_equals_plain(plain, reference_model):
             from agentrt.kernels import probs_from_logits
 
             probs = probs_from_logits(logits[None], 0.7, 50)[0].double()
-            u = float(_Uniforms(seed, 64, torch.device("cpu")).residual[i])
+            u = float(Uniforms(seed, 64, torch.device("cpu")).residual[i])
             boundary = float(probs[:min(want[i], have[i]) + 1].sum() / probs.sum())
             assert abs(boundary - u) < 1e-4, f"{prompt['id']}: sampled runs diverged at token {i}"
         assert engine.metrics().accepted_tokens > 0
@@ -157,13 +157,13 @@ def test_seeded_sampling_speculative_equals_plain(plain, reference_model):
         engine.close()
 
 
-def test_bf16_greedy_speculative_equals_plain():
+def test_bf16_greedy_drafted_equals_plain():
     """The default dtype: on CPU, bf16 weights with float32 activations and a batch-independent
     matmul, so verification forwards reproduce single-token forwards (ties are still allowed
     for machines on the plain torch fallback)."""
     reference = Transformer.from_pretrained(models.ensure("smollm2-135m", "bf16"), "bf16", max_seq_len=2048)
-    plain = NativeEngine(dtype="bf16", speculation=None, max_seq_len=2048)
-    engine = NativeEngine(dtype="bf16", speculation="suffix", num_speculative_tokens=6, max_seq_len=2048)
+    plain = NativeEngine(dtype="bf16", drafter=None, max_seq_len=2048)
+    engine = NativeEngine(dtype="bf16", drafter="suffix", draft_tokens=6, max_seq_len=2048)
     try:
         _plain_outputs.clear()
         check_greedy(engine, plain, reference, PROMPTS[1::4], max_tokens=16)
@@ -173,15 +173,15 @@ def test_bf16_greedy_speculative_equals_plain():
         plain.close()
 
 
-def test_int8_greedy_speculative_equals_plain():
+def test_int8_greedy_drafted_equals_plain():
     """precision="int8": each row's logits are independent of the rows verified with it, so
-    greedy speculative output equals greedy plain output token for token, with no near-ties
+    greedy drafted output equals greedy plain output token for token, with no near-ties
     to excuse (the int8 logits are not exact ones, but both runs compute the same ones)."""
-    plain = NativeEngine(dtype="bf16", speculation=None, max_seq_len=2048, precision="int8")
+    plain = NativeEngine(dtype="bf16", drafter=None, max_seq_len=2048, precision="int8")
     if plain.model.int8_head is None:
         plain.close()
         pytest.skip("no AVX2 / C compiler here: int8 precision runs exactly")
-    engine = NativeEngine(dtype="bf16", speculation="suffix", num_speculative_tokens=6,
+    engine = NativeEngine(dtype="bf16", drafter="suffix", draft_tokens=6,
                           max_seq_len=2048, precision="int8")
     try:
         prompts = PROMPTS[2::4]
@@ -195,9 +195,9 @@ def test_int8_greedy_speculative_equals_plain():
 
 @pytest.mark.slow
 @pytest.mark.timeout(1200)  # 24 prompts x 128 tokens in fp32, plus plain's outputs on first use
-@pytest.mark.parametrize("speculation,k", [("ngram", 8), ("suffix", 8), ("draft", 4)])
-def test_long_greedy_speculative_equals_plain(plain, reference_model, speculation, k):
-    engine = NativeEngine(dtype="fp32", speculation=speculation, num_speculative_tokens=k, max_seq_len=2048)
+@pytest.mark.parametrize("drafter,k", [("ngram", 8), ("suffix", 8), ("draft", 4)])
+def test_long_greedy_drafted_equals_plain(plain, reference_model, drafter, k):
+    engine = NativeEngine(dtype="fp32", drafter=drafter, draft_tokens=k, max_seq_len=2048)
     try:
         check_greedy(engine, plain, reference_model, PROMPTS, max_tokens=128)
     finally:

@@ -118,7 +118,7 @@ def test_ngram_output_equals_plain_and_tau_above_one(plain, ngram, reference, lo
     lifetime = ngram.metrics()  # the warm-up run and this one
     assert lifetime.generated_tokens == 2 * metrics.generated_tokens
     assert lifetime.accepted_tokens >= metrics.accepted_tokens
-    process_wide = ngram.global_spec_metrics()
+    process_wide = ngram.global_decode_metrics()
     assert process_wide.drafts >= metrics.drafts
     with capsys.disabled():
         print(
@@ -194,7 +194,7 @@ def test_openai_engine_against_a_real_vllm_server(server, reference, loop):
     async def run():
         async with OpenAIEngine(server.base_url, "smol", timeout=120) as engine:
             completion = await complete(engine, COPY_PROMPT, GREEDY)
-            lifetime = await engine.spec_metrics()
+            lifetime = await engine.decode_metrics()
             return completion, lifetime, engine.metrics()
 
     started = time.monotonic()
@@ -328,7 +328,7 @@ def test_bench_runs_native_plain_next_to_vllm_eager_and_ngram(model_dir, tmp_pat
     results = _bench_results(tmp_path)
     meta, per, rows = results["meta"], results["summary"]["all"], results["rows"]
     assert meta["engine"] == "vllm" and meta["systems"] == ["plain", "vllm", "vllm-spec"]
-    assert meta["spec_config"] == NGRAM and meta["reference"] == "plain" and meta["vllm"]
+    assert meta["drafter_config"] == NGRAM and meta["reference"] == "plain" and meta["vllm"]
     for system in meta["systems"]:
         assert per[system]["prompts"] == 1 and 0 < per[system]["new_tokens"] <= 32
         assert per[system]["decode_tok_s"] > 0, per[system]

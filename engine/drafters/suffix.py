@@ -10,7 +10,7 @@ the two matches wins (the request's own on ties).
 Every state keeps the most recent end position of its substrings. Updating that for all states
 an appended token touches can cost O(n) per token on repetitive text, so only states whose
 shortest substring has at most ``max_depth`` tokens are kept current, which caps the match length
-the proposer relies on, and keeps each append O(max_depth) worst case (amortised O(1) for
+the drafter relies on, and keeps each append O(max_depth) worst case (amortised O(1) for
 the automaton itself). A proposal is O(k).
 """
 
@@ -176,10 +176,10 @@ class _Corpus:
         self.automaton.append(-self._separators)  # unique, so no match crosses documents
 
 
-class SuffixProposer:
+class SuffixDrafter:
     """Drafts from the longest suffix match in the request itself or in earlier requests' text.
 
-    ``max_depth`` caps the match length the proposer relies on; ``max_corpus_tokens`` bounds the
+    ``max_depth`` caps the match length the drafter relies on; ``max_corpus_tokens`` bounds the
     cross-request corpus (oldest documents are evicted first); ``min_match`` is the shortest match
     worth proposing from.
     """
@@ -226,10 +226,10 @@ class SuffixProposer:
 class SuffixState:
     """One request: its own automaton, plus a match walked through the shared corpus."""
 
-    def __init__(self, proposer: SuffixProposer, prompt_ids: Sequence[int]) -> None:
-        self._proposer = proposer
-        self._corpus = proposer.corpus
-        self._own = SuffixAutomaton(proposer.max_depth)
+    def __init__(self, drafter: SuffixDrafter, prompt_ids: Sequence[int]) -> None:
+        self._drafter = drafter
+        self._corpus = drafter.corpus
+        self._own = SuffixAutomaton(drafter.max_depth)
         self._own_match = NO_MATCH
         self._prompt_len = len(prompt_ids)
         self._corpus_state = (0, 0)
@@ -248,11 +248,11 @@ class SuffixState:
         for token in token_ids:
             self._own_match = self._own.append(int(token))
 
-    def propose(self, k: int) -> Draft:
+    def draft(self, k: int) -> Draft:
         """Up to ``k`` tokens after the most recent occurrence of the longest matching suffix."""
         if k <= 0:
             return Draft([])
-        min_match, depth = self._proposer.min_match, self._proposer.max_depth
+        min_match, depth = self._drafter.min_match, self._drafter.max_depth
         own_end, own_len = self._own_match
         corpus_end, corpus_len = self._corpus_match()
         own = (own_end, min(own_len, depth)) if own_len >= min_match else NO_MATCH
@@ -281,9 +281,9 @@ class SuffixState:
         """Bring the corpus walk up to date with our tokens, then look up its occurrence."""
         corpus, tokens = self._corpus, self.tokens
         behind = len(tokens) - self._corpus_synced
-        if self._corpus_version != corpus.version or behind > self._proposer.max_depth:
+        if self._corpus_version != corpus.version or behind > self._drafter.max_depth:
             self._corpus_state = (0, 0)
-            self._corpus_synced = max(0, len(tokens) - self._proposer.max_depth)
+            self._corpus_synced = max(0, len(tokens) - self._drafter.max_depth)
             self._corpus_version = corpus.version
         state, matched = self._corpus_state
         automaton = corpus.automaton

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from .base import Draft, DraftSampling
 
 
-class NgramProposer:
+class NgramDrafter:
     """Prompt lookup in the request's own tokens (prompt + output so far).
 
     For ``n`` from ``max_n`` down to ``min_n`` it looks up the last ``n`` tokens and proposes what
@@ -71,7 +71,7 @@ class NgramState:
                 grams = zip(*(tokens[first - n + j : new_len - n + j] for j in range(n)))
                 followers.update(zip(grams, range(first, new_len)))
 
-    def propose(self, k: int) -> Draft:
+    def draft(self, k: int) -> Draft:
         """Up to ``k`` tokens after the most recent earlier match of the longest suffix n-gram."""
         if k <= 0:
             return Draft([])

@@ -1,4 +1,4 @@
-"""Proposers: n-gram prompt lookup and the suffix-automaton drafter."""
+"""Drafters: n-gram prompt lookup and the suffix automaton; adaptive k's draft lengths."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import time
 
 import pytest
 
-from agentrt.engine.proposers import Draft, NgramProposer, Proposer, ProposerState, SuffixProposer
-from agentrt.engine.proposers.suffix import SuffixAutomaton
+from agentrt.engine.drafters import Draft, Drafter, DrafterState, NgramDrafter, SuffixDrafter
+from agentrt.engine.drafters.suffix import SuffixAutomaton
 
-PROPOSERS = [NgramProposer, SuffixProposer]
+DRAFTERS = [NgramDrafter, SuffixDrafter]
 
 
 def fresh(n: int, start: int = 10_000) -> list[int]:
@@ -18,148 +18,148 @@ def fresh(n: int, start: int = 10_000) -> list[int]:
     return list(range(start, start + n))
 
 
-@pytest.mark.parametrize("make", PROPOSERS)
+@pytest.mark.parametrize("make", DRAFTERS)
 def test_satisfies_the_protocols(make):
-    proposer = make()
-    state = proposer.begin([1, 2, 3])
-    assert isinstance(proposer, Proposer) and isinstance(proposer.name, str)
-    assert isinstance(state, ProposerState)
-    assert isinstance(state.propose(3), Draft)
+    drafter = make()
+    state = drafter.begin([1, 2, 3])
+    assert isinstance(drafter, Drafter) and isinstance(drafter.name, str)
+    assert isinstance(state, DrafterState)
+    assert isinstance(state.draft(3), Draft)
 
 
-@pytest.mark.parametrize("make", PROPOSERS)
+@pytest.mark.parametrize("make", DRAFTERS)
 def test_continues_a_repeated_span(make):
     span = [5, 6, 7, 8, 9, 10, 11]
     state = make().begin([1, 2, *span, 3, 4, 5, 6])
-    assert state.propose(4).tokens == [7, 8, 9, 10]
+    assert state.draft(4).tokens == [7, 8, 9, 10]
     state.extend([7, 8])
-    assert state.propose(3).tokens == [9, 10, 11]
+    assert state.draft(3).tokens == [9, 10, 11]
 
 
-@pytest.mark.parametrize("make", PROPOSERS)
+@pytest.mark.parametrize("make", DRAFTERS)
 def test_reports_how_much_context_the_proposal_matched(make):
     # the sequence ends in "3 4 5 6", which occurred before: a 4-token match (at least)
     state = make().begin([9, 3, 4, 5, 6, 7, 8, 1, 3, 4, 5, 6])
-    assert state.propose(2).match_len >= 4
+    assert state.draft(2).match_len >= 4
     state = make().begin([9, 6, 7, 8, 1, 2, 3, 6])  # only "6" repeats
-    draft = state.propose(2)
+    draft = state.draft(2)
     assert draft.tokens == [7, 8] or draft.tokens == []
     assert draft.match_len == (1 if draft.tokens else 0)
 
 
-@pytest.mark.parametrize("make", PROPOSERS)
+@pytest.mark.parametrize("make", DRAFTERS)
 def test_prefers_the_longest_then_most_recent_match(make):
     # "2" alone was last followed by 50, but the longer suffixes "1 2" / "9 1 2" last led to 40.
     prompt = [1, 2, 30, 9, 1, 2, 40, 9, 7, 2, 50, 9, 1, 2]
-    assert make().begin(prompt).propose(2).tokens == [40, 9]
+    assert make().begin(prompt).draft(2).tokens == [40, 9]
 
 
-@pytest.mark.parametrize("make", PROPOSERS)
+@pytest.mark.parametrize("make", DRAFTERS)
 def test_learns_from_accepted_output(make):
     state = make().begin(fresh(20))
-    assert state.propose(3).tokens == []
+    assert state.draft(3).tokens == []
     state.extend([1, 2, 3, 4, 5, 1, 2])
-    assert state.propose(3).tokens == [3, 4, 5]
+    assert state.draft(3).tokens == [3, 4, 5]
 
 
-@pytest.mark.parametrize("make", PROPOSERS)
+@pytest.mark.parametrize("make", DRAFTERS)
 def test_repetition_runs_on_past_the_end(make):
     state = make().begin([7, 8, 7, 8, 7])
-    assert state.propose(5).tokens == [8, 7, 8, 7, 8]
+    assert state.draft(5).tokens == [8, 7, 8, 7, 8]
 
 
-@pytest.mark.parametrize("make", PROPOSERS)
+@pytest.mark.parametrize("make", DRAFTERS)
 def test_empty_when_nothing_matches(make):
     state = make().begin(fresh(50))
-    assert state.propose(5) == Draft([])
-    assert make().begin([]).propose(5).tokens == []
-    assert make().begin([1, 1, 1]).propose(0).tokens == []
+    assert state.draft(5) == Draft([])
+    assert make().begin([]).draft(5).tokens == []
+    assert make().begin([1, 1, 1]).draft(0).tokens == []
 
 
-@pytest.mark.parametrize("make", PROPOSERS)
+@pytest.mark.parametrize("make", DRAFTERS)
 def test_proposals_never_exceed_k(make):
     rng = random.Random(0)
     state = make().begin([rng.randrange(4) for _ in range(300)])
     for step in range(200):
         k = step % 8
-        draft = state.propose(k)
+        draft = state.draft(k)
         assert len(draft.tokens) <= k and draft.probs is None
         state.extend(draft.tokens[: rng.randrange(len(draft.tokens) + 1)] + [rng.randrange(4)])
 
 
 def test_ngram_respects_min_n():
-    assert NgramProposer(min_n=2).begin([1, 2, 3, 9, 3]).propose(2).tokens == []
-    assert NgramProposer(min_n=1).begin([1, 2, 3, 9, 3]).propose(2).tokens == [9, 3]
+    assert NgramDrafter(min_n=2).begin([1, 2, 3, 9, 3]).draft(2).tokens == []
+    assert NgramDrafter(min_n=1).begin([1, 2, 3, 9, 3]).draft(2).tokens == [9, 3]
     with pytest.raises(ValueError):
-        NgramProposer(min_n=3, max_n=2)
+        NgramDrafter(min_n=3, max_n=2)
 
 
 def test_suffix_proposes_from_an_earlier_requests_output():
-    proposer = SuffixProposer()
-    first = proposer.begin(fresh(30))
+    drafter = SuffixDrafter()
+    first = drafter.begin(fresh(30))
     output = [1, 2, 3, 4, 5, 6, 7, 8]
     first.extend(output)
     first.end()
-    assert proposer.corpus_tokens == len(output)  # the output, not the prompt
+    assert drafter.corpus_tokens == len(output)  # the output, not the prompt
 
-    second = proposer.begin(fresh(30, start=20_000) + [1, 2, 3])
-    assert second.propose(4).tokens == [4, 5, 6, 7]
-    assert NgramProposer().begin(fresh(30, start=20_000) + [1, 2, 3]).propose(4).tokens == []
+    second = drafter.begin(fresh(30, start=20_000) + [1, 2, 3])
+    assert second.draft(4).tokens == [4, 5, 6, 7]
+    assert NgramDrafter().begin(fresh(30, start=20_000) + [1, 2, 3]).draft(4).tokens == []
 
 
 def test_suffix_proposes_from_remembered_text_and_sees_it_mid_request():
-    proposer = SuffixProposer()
-    state = proposer.begin(fresh(10) + [41, 42])
-    assert state.propose(3).tokens == []
-    proposer.remember([40, 41, 42, 43, 44, 45])
-    assert state.propose(3).tokens == [43, 44, 45]
+    drafter = SuffixDrafter()
+    state = drafter.begin(fresh(10) + [41, 42])
+    assert state.draft(3).tokens == []
+    drafter.remember([40, 41, 42, 43, 44, 45])
+    assert state.draft(3).tokens == [43, 44, 45]
     state.extend([43, 44])
-    assert state.propose(3).tokens == [45]  # stops at the end of that document
+    assert state.draft(3).tokens == [45]  # stops at the end of that document
 
 
 def test_suffix_never_proposes_across_documents():
-    proposer = SuffixProposer()
-    proposer.remember([1, 2, 3])
-    proposer.remember([4, 5, 6])
-    assert proposer.begin(fresh(5) + [2, 3]).propose(4).tokens == []
+    drafter = SuffixDrafter()
+    drafter.remember([1, 2, 3])
+    drafter.remember([4, 5, 6])
+    assert drafter.begin(fresh(5) + [2, 3]).draft(4).tokens == []
 
 
 def test_suffix_longer_corpus_match_beats_shorter_own_match():
-    proposer = SuffixProposer()
-    proposer.remember([60, 61, 62, 63, 64])
+    drafter = SuffixDrafter()
+    drafter.remember([60, 61, 62, 63, 64])
     # own text: "62" followed by 99 once; corpus: "61 62" followed by 63.
-    state = proposer.begin([62, 99, 5, 61, 62])
-    assert state.propose(2).tokens == [63, 64]
+    state = drafter.begin([62, 99, 5, 61, 62])
+    assert state.draft(2).tokens == [63, 64]
 
 
 def test_suffix_corpus_is_bounded_and_evicts_oldest():
-    proposer = SuffixProposer(max_corpus_tokens=100)
+    drafter = SuffixDrafter(max_corpus_tokens=100)
     old, middle, new = fresh(60, 1000), fresh(30, 2000), fresh(60, 3000)
-    proposer.remember(old)
-    proposer.remember(middle)
-    assert proposer.corpus_tokens == 90
-    proposer.remember(new)
-    assert proposer.corpus_tokens <= 100
-    assert proposer.begin(old[:3]).propose(2).tokens == []  # evicted
-    assert proposer.begin(new[:3]).propose(2).tokens == new[3:5]
+    drafter.remember(old)
+    drafter.remember(middle)
+    assert drafter.corpus_tokens == 90
+    drafter.remember(new)
+    assert drafter.corpus_tokens <= 100
+    assert drafter.begin(old[:3]).draft(2).tokens == []  # evicted
+    assert drafter.begin(new[:3]).draft(2).tokens == new[3:5]
 
     for i in range(50):  # memory stays bounded however much is added
-        proposer.remember(fresh(40, 10_000 + 100 * i))
-        assert proposer.corpus_tokens <= 100
-    assert proposer.corpus.automaton.num_states <= 2 * (100 + 50)
+        drafter.remember(fresh(40, 10_000 + 100 * i))
+        assert drafter.corpus_tokens <= 100
+    assert drafter.corpus.automaton.num_states <= 2 * (100 + 50)
     huge = fresh(500, 50_000)
-    proposer.remember(huge)  # a document bigger than the cap keeps its most recent part
-    assert proposer.corpus_tokens == 100
-    assert proposer.begin(huge[-10:-7]).propose(2).tokens == huge[-7:-5]
+    drafter.remember(huge)  # a document bigger than the cap keeps its most recent part
+    assert drafter.corpus_tokens == 100
+    assert drafter.begin(huge[-10:-7]).draft(2).tokens == huge[-7:-5]
 
 
 def test_suffix_end_is_idempotent():
-    proposer = SuffixProposer()
-    state = proposer.begin([1])
+    drafter = SuffixDrafter()
+    state = drafter.begin([1])
     state.extend([2, 3])
     state.end()
     state.end()
-    assert proposer.corpus_tokens == 2
+    assert drafter.corpus_tokens == 2
 
 
 def brute_force_latest(seq: list[int], length: int, before: int) -> int | None:
@@ -220,7 +220,7 @@ def test_suffix_automaton_walk_matches_brute_force():
                 assert end == max(ends)
 
 
-@pytest.mark.parametrize("make", PROPOSERS)
+@pytest.mark.parametrize("make", DRAFTERS)
 def test_proposing_on_a_20k_token_context_is_fast(make):
     rng = random.Random(2)
     snippets = [[rng.randrange(5000) for _ in range(rng.randint(5, 40))] for _ in range(100)]
@@ -232,7 +232,7 @@ def test_proposing_on_a_20k_token_context_is_fast(make):
     start = time.perf_counter()
     for _ in range(calls):
         before = time.perf_counter()
-        draft = state.propose(5)
+        draft = state.draft(5)
         propose_s += time.perf_counter() - before
         drafted += len(draft.tokens)
         state.extend(draft.tokens[:2] or [rng.randrange(5000)])
@@ -245,7 +245,7 @@ def test_proposing_on_a_20k_token_context_is_fast(make):
 
 
 def test_adaptive_k_learns_per_match_length():
-    from agentrt.engine.native import AdaptiveK, StepCosts
+    from agentrt.engine.draft_policy import AdaptiveK, StepCosts
 
     costs = StepCosts({1: 0.030, 2: 0.032, 4: 0.036, 8: 0.045, 16: 0.09})
     policy = AdaptiveK(costs, max_k=12)
@@ -265,7 +265,7 @@ def test_adaptive_k_learns_per_match_length():
 def test_step_costs_fold_observations_into_the_whole_curve():
     """A batch's step time (many sequences' attention) scales every size alike: it must never
     make a few more rows look cheaper than the rows already in the step."""
-    from agentrt.engine.native import StepCosts, plan_draft_lengths
+    from agentrt.engine.draft_policy import StepCosts, plan_draft_lengths
 
     costs = StepCosts({1: 0.010, 8: 0.014, 16: 0.020, 32: 0.040})
     for _ in range(50):
@@ -278,7 +278,7 @@ def test_step_costs_fold_observations_into_the_whole_curve():
 
 
 def test_probes_count_steps_not_sequences():
-    from agentrt.engine.native import AdaptiveK, StepCosts
+    from agentrt.engine.draft_policy import AdaptiveK, StepCosts
 
     policy = AdaptiveK(StepCosts({1: 0.01, 8: 0.012}), max_k=8)
     probes = 0

@@ -1,4 +1,4 @@
-"""What every drafter speaks: a `Draft`, a `Proposer` (one per engine) and its per-request state."""
+"""What every drafter speaks: a `Draft`, a `Drafter` (one per engine) and its per-request state."""
 
 from __future__ import annotations
 
@@ -23,14 +23,14 @@ class Draft:
 
 
 @runtime_checkable
-class ProposerState(Protocol):
-    """A proposer's view of one request."""
+class DrafterState(Protocol):
+    """A drafter's view of one request."""
 
     def extend(self, token_ids: Sequence[int]) -> None:
         """Tokens appended to the sequence (accepted output)."""
         ...
 
-    def propose(self, k: int) -> Draft:
+    def draft(self, k: int) -> Draft:
         """Up to ``k`` tokens continuing the current sequence."""
         ...
 
@@ -51,8 +51,9 @@ class DraftSampling:
 
 
 @runtime_checkable
-class Proposer(Protocol):
-    """A drafter; `begin` makes the per-request state, `remember` feeds a cross-request corpus.
+class Drafter(Protocol):
+    """Proposes draft tokens; `begin` makes the per-request state, `remember` feeds a
+    cross-request corpus.
 
     What the engine needs to schedule drafts is part of the protocol: ``lookup`` and
     `draft_cost` (so the engine never asks which class a drafter is)."""
@@ -63,7 +64,7 @@ class Proposer(Protocol):
     engine sees the draft before choosing k. False: every drafted token costs a model forward,
     so k is chosen first, at `draft_cost` per token."""
 
-    def begin(self, prompt_ids: Sequence[int], sampling: DraftSampling | None = None) -> ProposerState:
+    def begin(self, prompt_ids: Sequence[int], sampling: DraftSampling | None = None) -> DrafterState:
         """Start a request whose sequence so far is ``prompt_ids``, sampled as ``sampling``
         (None: greedy)."""
         ...

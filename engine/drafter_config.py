@@ -1,15 +1,16 @@
-"""vLLM speculative decoding: the ``--spec-config`` JSON, and vLLM's counters as `SpecMetrics`.
+"""Drafter settings: the ``--drafter-config`` JSON, and vLLM's speculative-decoding counters as
+`DecodeMetrics`.
 
-vLLM counts speculation with four monotonic counters (Prometheus names in brackets):
+vLLM counts drafting with four monotonic counters (Prometheus names in brackets):
 
 - ``num_drafts`` (``vllm:spec_decode_num_drafts``): engine steps that verified a non-empty draft;
 - ``num_draft_tokens`` (``vllm:spec_decode_num_draft_tokens``): tokens proposed;
 - ``num_accepted_tokens`` (``vllm:spec_decode_num_accepted_tokens``): proposed tokens accepted;
 - ``num_accepted_tokens_per_pos`` (``vllm:spec_decode_num_accepted_tokens_per_pos{position=i}``).
 
-`SpecCounters` holds one reading of them (plus ``vllm:generation_tokens``); the difference of two
+`DecodeCounters` holds one reading of them (plus ``vllm:generation_tokens``); the difference of two
 readings taken around a generation is that generation's share, exact when nothing else ran on the
-engine in between. `SpecCounters.to_spec_metrics` maps a reading onto `SpecMetrics`:
+engine in between. `DecodeCounters.to_decode_metrics` maps a reading onto `DecodeMetrics`:
 
 - every engine step emits its accepted draft tokens plus one token of the target, so
   ``verify_steps = generated_tokens - accepted_tokens`` (steps with no draft count as verify steps
@@ -28,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .metrics import SpecMetrics
+from .metrics import DecodeMetrics
 
 SPEC_PREFIX = "vllm:spec_decode_"
 GENERATION_TOKENS = "vllm:generation_tokens"
@@ -40,12 +41,14 @@ _ACCEPTED = SPEC_PREFIX + "num_accepted_tokens"
 _ACCEPTED_PER_POS = SPEC_PREFIX + "num_accepted_tokens_per_pos"
 
 
-def parse_spec_config(value: str | Path | Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """Read a ``--spec-config``: a JSON object, a path to a JSON file, a mapping, or None/"" (off).
+def parse_drafter_config(value: str | Path | Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """Read a ``--drafter-config``: a JSON object, a path to a JSON file, a mapping, or None/"" (off).
 
-    The result is vLLM's ``speculative_config`` as is, e.g.
-    ``{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}``; it is checked
-    only for being an object with ``method`` or ``model``, the rest is left to vLLM.
+    The result is passed on as is: for vLLM it is vLLM's ``speculative_config``, e.g.
+    ``{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}``; for the native
+    engine ``method`` names the drafter and the other keys are `NativeConfig` fields, e.g.
+    ``{"method": "ngram", "draft_tokens": 4}``. It is checked only for being an object with
+    ``method`` or ``model``; the backend checks the rest.
     """
     if value is None:
         return None
@@ -58,13 +61,13 @@ def parse_spec_config(value: str | Path | Mapping[str, Any] | None) -> dict[str,
         config = read_json_object(text)
     if "method" not in config and "model" not in config:
         raise ValueError(
-            "--spec-config needs a 'method' (ngram, suffix, eagle3, mtp, draft_model, ...) or a "
+            "--drafter-config needs a 'method' (ngram, suffix, eagle3, mtp, draft_model, ...) or a "
             f"draft 'model'; got keys {sorted(config)}"
         )
     return config
 
 
-def read_json_object(text: str, option: str = "--spec-config") -> dict[str, Any]:
+def read_json_object(text: str, option: str = "--drafter-config") -> dict[str, Any]:
     """A JSON object given inline (``{...}``) or as the path of a JSON file."""
     text = text.strip()
     if not text.startswith("{"):
@@ -82,7 +85,7 @@ def read_json_object(text: str, option: str = "--spec-config") -> dict[str, Any]
 
 
 @dataclass
-class SpecCounters:
+class DecodeCounters:
     """One reading of vLLM's cumulative spec-decode and generation counters."""
 
     drafts: int = 0
@@ -90,24 +93,24 @@ class SpecCounters:
     accepted_tokens: int = 0
     accepted_per_position: list[int] = field(default_factory=list)
     generation_tokens: int = 0
-    has_spec: bool = False
-    """True when the engine reported spec-decode counters at all (speculation configured)."""
+    has_drafter: bool = False
+    """True when the engine reported spec-decode counters at all (a drafter is configured)."""
 
-    def __sub__(self, before: SpecCounters) -> SpecCounters:
+    def __sub__(self, before: DecodeCounters) -> DecodeCounters:
         width = max(len(self.accepted_per_position), len(before.accepted_per_position))
         mine = _padded(self.accepted_per_position, width)
         theirs = _padded(before.accepted_per_position, width)
-        return SpecCounters(
+        return DecodeCounters(
             drafts=self.drafts - before.drafts,
             draft_tokens=self.draft_tokens - before.draft_tokens,
             accepted_tokens=self.accepted_tokens - before.accepted_tokens,
             accepted_per_position=[a - b for a, b in zip(mine, theirs, strict=True)],
             generation_tokens=self.generation_tokens - before.generation_tokens,
-            has_spec=self.has_spec or before.has_spec,
+            has_drafter=self.has_drafter or before.has_drafter,
         )
 
-    def to_spec_metrics(self, generated_tokens: int | None = None) -> SpecMetrics:
-        """Map onto `SpecMetrics` (see the module docstring for the conventions).
+    def to_decode_metrics(self, generated_tokens: int | None = None) -> DecodeMetrics:
+        """Map onto `DecodeMetrics` (see the module docstring for the conventions).
 
         ``generated_tokens`` overrides the counted ``generation_tokens`` (e.g. the usage of the one
         request this reading covers).
@@ -115,7 +118,7 @@ class SpecCounters:
         generated = self.generation_tokens if generated_tokens is None else generated_tokens
         accepted = min(self.accepted_tokens, generated)
         per_pos = list(self.accepted_per_position)
-        return SpecMetrics(
+        return DecodeMetrics(
             generated_tokens=generated,
             verify_steps=_verify_steps(generated, accepted, self.drafts),
             drafts=self.drafts,
@@ -180,8 +183,8 @@ def _unescape(value: str) -> str:
     return value.replace('\\"', '"').replace("\\n", "\n").replace("\\\\", "\\")
 
 
-def counters_from_prometheus(text: str, model_name: str | None = None) -> SpecCounters:
-    """Read `SpecCounters` from a vLLM server's ``/metrics`` text.
+def counters_from_prometheus(text: str, model_name: str | None = None) -> DecodeCounters:
+    """Read `DecodeCounters` from a vLLM server's ``/metrics`` text.
 
     Counters are summed over label sets (engines, models); give ``model_name`` to keep only the
     series labelled with that model. Both ``name`` and ``name_total`` spellings are accepted.
@@ -193,8 +196,8 @@ def counters_from_prometheus(text: str, model_name: str | None = None) -> SpecCo
     return _collect((_base_name(s.name), s.labels, s.value) for s in samples)
 
 
-def counters_from_vllm_metrics(metrics: Iterable[Any]) -> SpecCounters:
-    """Read `SpecCounters` from vLLM's in-process metrics snapshot (``get_metrics()``).
+def counters_from_vllm_metrics(metrics: Iterable[Any]) -> DecodeCounters:
+    """Read `DecodeCounters` from vLLM's in-process metrics snapshot (``get_metrics()``).
 
     Accepts vLLM's ``Counter`` / ``Vector`` metric objects (``name``, ``labels``, ``value`` or
     ``values``); anything else is ignored.
@@ -216,8 +219,8 @@ def _base_name(name: str) -> str:
     return name[: -len("_total")] if name.endswith("_total") else name
 
 
-def _collect(rows: Iterable[tuple[str, dict[str, str], float]]) -> SpecCounters:
-    out = SpecCounters()
+def _collect(rows: Iterable[tuple[str, dict[str, str], float]]) -> DecodeCounters:
+    out = DecodeCounters()
     per_pos: dict[int, float] = {}
     for name, labels, value in rows:
         if math.isnan(value):
@@ -236,7 +239,7 @@ def _collect(rows: Iterable[tuple[str, dict[str, str], float]]) -> SpecCounters:
         else:
             continue
         if name.startswith(SPEC_PREFIX):
-            out.has_spec = True
+            out.has_drafter = True
     if per_pos:
         out.accepted_per_position = [int(per_pos.get(i, 0)) for i in range(max(per_pos) + 1)]
     return out
@@ -245,8 +248,8 @@ def _collect(rows: Iterable[tuple[str, dict[str, str], float]]) -> SpecCounters:
 # ---------------------------------------------------------------- vLLM per-request metrics
 
 
-def spec_metrics_from_request(summary: Mapping[str, Any], generated_tokens: int) -> SpecMetrics:
-    """Map vLLM's per-request spec-decode summary onto `SpecMetrics`.
+def decode_metrics_from_request(summary: Mapping[str, Any], generated_tokens: int) -> DecodeMetrics:
+    """Map vLLM's per-request spec-decode summary onto `DecodeMetrics`.
 
     ``summary`` is ``RequestSpecDecodeMetrics.to_dict()`` in process, or the response's
     ``metrics.speculative_decoding`` from a server started with
@@ -272,7 +275,7 @@ def spec_metrics_from_request(summary: Mapping[str, Any], generated_tokens: int)
     else:
         drafted_per_position = [drafts] * width
     accepted = min(accepted, generated_tokens)
-    return SpecMetrics(
+    return DecodeMetrics(
         generated_tokens=generated_tokens,
         verify_steps=_verify_steps(generated_tokens, accepted, drafts),
         drafts=drafts,

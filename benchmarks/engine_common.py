@@ -1,0 +1,38 @@
+"""What the engine benchmarks share (single stream: `engine_bench`, many requests at once:
+`engine_concurrency`): the prompt sets, the vLLM system names and the result files."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+PROMPT_DIR = HERE / "prompts"
+RESULTS_DIR = HERE / "results"
+PROMPT_SETS = ("agent_code", "chat", "copy_heavy")
+VLLM_SYSTEMS = ("vllm", "vllm-spec")
+
+
+def load_prompts(sets: list[str], limit: int | None) -> list[tuple[str, dict]]:
+    """``(set name, prompt row)`` for the first ``limit`` prompts of each set in ``sets``
+    (``benchmarks/prompts/<set>.jsonl``)."""
+    prompts = []
+    for name in sets:
+        with open(PROMPT_DIR / f"{name}.jsonl") as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+        prompts += [(name, row) for row in rows[:limit]]
+    return prompts
+
+
+def write_results(payload: dict, md: str, out: str | Path) -> Path:
+    """Write ``engine-<time>.json`` (``payload``) and ``engine-<time>.md`` (``md``) into
+    ``out``; returns the JSON file's path."""
+    out_dir = Path(out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    target = out_dir / f"engine-{stamp}.json"
+    target.write_text(json.dumps(payload, indent=2) + "\n")
+    (out_dir / f"engine-{stamp}.md").write_text(md)
+    print(f"\nwrote {target} and .md")
+    return target

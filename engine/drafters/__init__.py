@@ -1,0 +1,17 @@
+"""Drafters for speculative decoding, one file each: n-gram prompt lookup, suffix automaton,
+and a small draft model (imported lazily; it needs the model code)."""
+
+from .base import Draft, Drafter, DrafterState, DraftSampling
+from .ngram import NgramDrafter
+from .suffix import SuffixDrafter
+
+__all__ = ["Draft", "DraftSampling", "Drafter", "DrafterState", "NgramDrafter", "SuffixDrafter",
+           "ModelDrafter"]
+
+
+def __getattr__(name: str):
+    if name == "ModelDrafter":
+        from .model import ModelDrafter
+
+        return ModelDrafter
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
