@@ -72,15 +72,10 @@ def find_parent() -> tuple[str | None, str | None]:
     return (path, None) if problem is None else (None, problem)
 
 
-_noted = False
-
-
+@functools.cache
 def _note_once(problem: str) -> None:
-    global _noted
-    if not _noted:
-        _noted = True
-        logger.warning("agentrt: no cgroup for the sandbox (%s; see %s in docs/security.md): "
-                       "memory and processes are bounded per process only", problem, CGROUP_ENV)
+    logger.warning("agentrt: no cgroup for the sandbox (%s; see %s in docs/security.md): "
+                   "memory and processes are bounded per process only", problem, CGROUP_ENV)
 
 
 class ReplCgroup:

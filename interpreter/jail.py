@@ -123,21 +123,20 @@ def jail_wanted(requested: bool | None) -> bool:
     return os.environ.get(JAIL_ENV, "").strip().lower() not in ("0", "off", "false", "no")
 
 
-_warned_off = False
+@functools.cache
+def _warn_jail_off() -> None:
+    import logging
+
+    logging.getLogger(__name__).warning(
+        "agentrt: the sandbox's OS jail is off (ReplLimits(jail=False) or %s=0): "
+        "unsafe for untrusted code", JAIL_ENV)
 
 
 def plan_jail(requested: bool | None) -> JailPlan:
     """The jail to build (may probe bubblewrap once; blocking, ~10 ms). Raises
     `JailUnavailable`, naming the cause and the remedies, when it cannot be built."""
-    global _warned_off
     if not jail_wanted(requested):
-        if not _warned_off:
-            import logging
-
-            _warned_off = True
-            logging.getLogger(__name__).warning(
-                "agentrt: the sandbox's OS jail is off (ReplLimits(jail=False) or %s=0): "
-                "unsafe for untrusted code", JAIL_ENV)
+        _warn_jail_off()
         return OFF
     plan, problem = _best_plan()
     if problem is not None:

@@ -61,21 +61,17 @@ from .rlm_tools import EarlyCompletion
 ENVIRONMENT = "agentrt"
 """The environment name to pass as ``RLM(environment=...)``."""
 
-_originals: dict[str, Any] = {}
+# rlms' own functions, taken before any patch (this module is imported once).
+_ORIGINAL_GET_ENVIRONMENT = _rlm_envs.get_environment
+_ORIGINAL_SPAWN = _rlm_core.RLM._spawn_completion_context
+_ORIGINAL_VALIDATE = _rlm_core.RLM._validate_persistent_environment_support
 _spawning: contextvars.ContextVar[Any] = contextvars.ContextVar("agentrt_rlm_spawning",
                                                                  default=None)
 
 
 def register() -> None:
     """Make ``RLM(environment="agentrt")`` use `AgentrtREPL` (idempotent)."""
-    if _originals:
-        return
     RLM = _rlm_core.RLM
-    _originals.update(
-        get_environment=_rlm_envs.get_environment,
-        spawn=RLM._spawn_completion_context,
-        validate=RLM._validate_persistent_environment_support,
-    )
     _rlm_envs.get_environment = _get_environment
     _rlm_core.get_environment = _get_environment
     RLM._spawn_completion_context = _spawn_completion_context
@@ -84,19 +80,16 @@ def register() -> None:
 
 def unregister() -> None:
     """Undo `register`."""
-    if not _originals:
-        return
     RLM = _rlm_core.RLM
-    _rlm_envs.get_environment = _originals["get_environment"]
-    _rlm_core.get_environment = _originals["get_environment"]
-    RLM._spawn_completion_context = _originals["spawn"]
-    RLM._validate_persistent_environment_support = _originals["validate"]
-    _originals.clear()
+    _rlm_envs.get_environment = _ORIGINAL_GET_ENVIRONMENT
+    _rlm_core.get_environment = _ORIGINAL_GET_ENVIRONMENT
+    RLM._spawn_completion_context = _ORIGINAL_SPAWN
+    RLM._validate_persistent_environment_support = _ORIGINAL_VALIDATE
 
 
 def _get_environment(environment: str, environment_kwargs: dict[str, Any]) -> Any:
     if environment != ENVIRONMENT:
-        return _originals["get_environment"](environment, environment_kwargs)
+        return _ORIGINAL_GET_ENVIRONMENT(environment, environment_kwargs)
     kwargs = dict(environment_kwargs)
     owner = _spawning.get()
     if owner is not None:  # what rlms hands its own "local" environment
@@ -112,7 +105,7 @@ def _spawn_completion_context(self: Any, prompt: Any) -> Iterator[tuple[Any, Any
     with contextlib.ExitStack() as stack:
         token = _spawning.set(self)
         try:
-            lm_handler, environment = stack.enter_context(_originals["spawn"](self, prompt))
+            lm_handler, environment = stack.enter_context(_ORIGINAL_SPAWN(self, prompt))
         finally:
             _spawning.reset(token)
         if isinstance(environment, AgentrtREPL):
@@ -122,7 +115,7 @@ def _spawn_completion_context(self: Any, prompt: Any) -> Iterator[tuple[Any, Any
 
 def _validate_persistence(self: Any) -> None:
     if self.environment_type != ENVIRONMENT:
-        _originals["validate"](self)
+        _ORIGINAL_VALIDATE(self)
 
 
 register()

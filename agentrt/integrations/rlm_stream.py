@@ -16,15 +16,14 @@ at once when it arrives (speculation then overlaps only the block's own executio
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 log = logging.getLogger(__name__)
-_local = threading.local()
-"""``environment``: the environment the current thread's root completion streams into."""
 
 
 class StreamTarget(Protocol):
@@ -35,6 +34,18 @@ class StreamTarget(Protocol):
     def end_stream(self) -> None: ...
 
 
+@dataclass
+class _Feed:
+    """Where the current root completion streams to, and whether the hooked client fed it."""
+
+    environment: StreamTarget
+    fed: bool = False
+
+
+_feeding: contextvars.ContextVar[_Feed | None] = contextvars.ContextVar("agentrt_rlm_feeding",
+                                                                        default=None)
+
+
 @contextlib.contextmanager
 def root_stream(lm_handler: Any, environment: StreamTarget) -> Iterator[None]:
     """Within the block, ``lm_handler.completion`` (the RLM's calls to its root) streams into
@@ -43,14 +54,13 @@ def root_stream(lm_handler: Any, environment: StreamTarget) -> Iterator[None]:
     def completion(prompt: Any, model: str | None = None) -> str:
         streams = _make_streaming(lm_handler.get_client(model))
         environment.begin_stream()
-        _local.environment = environment if streams else None
-        _local.fed = False
+        feed = _Feed(environment) if streams else None
+        token = _feeding.set(feed)
         try:
             text = original(prompt, model)
         finally:
-            fed = _local.fed
-            _local.environment = None
-        if not fed and text:
+            _feeding.reset(token)
+        if not (feed is not None and feed.fed) and text:
             environment.feed(text)
         environment.end_stream()
         return text
@@ -74,11 +84,11 @@ def _make_streaming(client: Any) -> bool:
         return True
 
     def streaming_create(*args: Any, **kwargs: Any) -> Any:
-        environment = getattr(_local, "environment", None)
-        if environment is None or kwargs.get("stream"):
+        feed = _feeding.get()
+        if feed is None or kwargs.get("stream"):
             return create(*args, **kwargs)
-        _local.fed = True
-        return _streamed_completion(create, environment.feed, args, kwargs)
+        feed.fed = True
+        return _streamed_completion(create, feed.environment.feed, args, kwargs)
 
     streaming_create.agentrt_streaming = True  # type: ignore[attr-defined]
     completions.create = streaming_create

@@ -309,7 +309,7 @@ async def test_opting_out_explicitly_runs_without_the_jail(tmp_path, monkeypatch
     from agentrt.interpreter import jail
 
     monkeypatch.setenv("PATH", str(tmp_path))  # no bwrap to be found
-    monkeypatch.setattr(jail, "_warned_off", False)
+    jail._warn_jail_off.cache_clear()
     jail._best_plan.cache_clear()
     try:
         with caplog.at_level("WARNING"):
