@@ -82,6 +82,8 @@ async def mcp_tools(
 
     target, where = _target(command, url, env, cwd)
     client = Client(target)
+    # Entered by hand, and left without the exception: the client's task group would wrap an
+    # error of the caller's block (or of the listing below) in an exception group.
     try:
         await client.__aenter__()
     except Exception as exc:
