@@ -36,6 +36,7 @@ to keep agentrt's event timeline of the run.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import contextvars
 from collections.abc import Iterator
@@ -108,9 +109,28 @@ def _spawn_completion_context(self: Any, prompt: Any) -> Iterator[tuple[Any, Any
             lm_handler, environment = stack.enter_context(_ORIGINAL_SPAWN(self, prompt))
         finally:
             _spawning.reset(token)
+        stack.callback(_close_async_clients, lm_handler)
         if isinstance(environment, AgentrtREPL):
             stack.enter_context(root_stream(lm_handler, environment))
         yield lm_handler, environment
+
+
+def _close_async_clients(lm_handler: Any) -> None:
+    """Close the ``AsyncOpenAI`` clients rlms makes and leaves open. Collected later, each would
+    schedule its own close on whichever event loop runs then (the REPL's), which fails and logs
+    "Task exception was never retrieved"."""
+    try:
+        asyncio.get_running_loop()
+        return  # called from async code: leave them to rlms
+    except RuntimeError:
+        pass
+    handlers = [lm_handler.default_client, lm_handler.other_backend_client,
+                *lm_handler.clients.values()]
+    for client in {id(c): c for c in handlers if c is not None}.values():
+        async_client = getattr(client, "async_client", None)
+        if async_client is not None and not async_client.is_closed():
+            with contextlib.suppress(Exception):  # its connections may belong to a closed loop
+                asyncio.run(async_client.close())
 
 
 def _validate_persistence(self: Any) -> None:
