@@ -61,11 +61,11 @@ class Agent:
     the native engine, keeps the root's stream going first). ``speculation`` runs the shadow
     interpreter, which starts speculatable tool calls while the code is still streaming; answers
     are identical either way. ``speculation_budget`` bounds those early calls (tokens are
-    drafted by the engine: see its own options). ``speculation_window`` bounds the calls a loop
-    still being streamed may launch per call site beyond the first one its exit may wait on
-    (a ``break`` on a result may not have streamed yet; default `LAUNCH_WINDOW`, 0: one call at
-    a time); closed statements and parallel maps are not throttled. ``on_event`` sees every trace event as it
-    happens (for live displays).
+    drafted by the engine: see its own options). ``speculation_window`` bounds the early calls
+    a loop still being streamed may launch per call site beyond the first one its exit may wait
+    on (a ``break`` on a result may not have streamed yet; default `LAUNCH_WINDOW`; 0: one at a
+    time); once the statement is complete it is followed exactly and not throttled.
+    ``on_event`` sees every trace event as it happens (for live displays).
     ``capture_namespace`` records the REPL's final variables in ``RunResult.namespace``.
     ``tool_timeout`` limits each call of a tool that sets no ``timeout`` of its own (seconds,
     ``math.inf`` for none; the built-in ``llm_query`` tools have none: their engine bounds them).

@@ -66,8 +66,9 @@ class Tool:
     read-only or idempotent), ``pure`` (a speculatable tool that depends only on its arguments),
     ``reads`` / ``writes`` (the effect scopes it reads or writes, see `agentrt.tools.scopes`:
     a speculatable tool reads `ALL_SCOPES` unless it declares ``reads`` or is pure, and writes
-    nothing; an effectful tool writes `ALL_SCOPES` unless it declares ``writes``), ``timeout`` (seconds; ``math.inf``: no limit; None: the default of
-    whoever runs it, see the module docstring), ``max_concurrency`` (calls of this tool in flight
+    nothing; an effectful tool writes `ALL_SCOPES` unless it declares ``writes``), ``timeout``
+    (seconds; ``math.inf``: no limit; None: the default of whoever runs it, see the module
+    docstring), ``max_concurrency`` (calls of this tool in flight
     at once, or None), ``description`` (default: first paragraph of the docstring), ``is_async``
     and ``func`` (the wrapped function).
     """
