@@ -20,7 +20,7 @@ Rules that keep the promise "same answers and effects, sooner":
 
 * **No early effects.** A shadow fork may not make real tool calls (the REPL refuses and
   counts them); the shadow routes every tool object it reaches through its launch logic, and a
-  tool that is not speculatable stops the shadow there.
+  tool that is not speculatable is never run there.
 * **Effect barrier.** Tools declare effect scopes (`agentrt.tools.scopes`): a speculatable
   tool reads scopes (every one unless declared; none if pure), an effectful tool writes scopes
   (every one unless declared). A shadow never runs an effectful call; after one, it launches no
@@ -540,7 +540,7 @@ class Speculator(NoSpeculation):
         shadow.tail_keys.add((origin.site, key))
         waited = any(d.origin.site == origin.site for d in deps)
         ahead = sum(1 for c in shadow.local.values()
-                    if c.origin.site == origin.site and not c.claimed
+                    if c.origin.site == origin.site and not c.claimed and c.live
                     and (waited or c.state != "done"))
         return ahead <= self.window
 
