@@ -31,13 +31,14 @@ Rules that keep the promise "same answers and effects, sooner":
   read never overtakes a write to a scope it reads; pure calls and reads of other scopes cross.
 * **Ghost bound.** In the open tail (the statement still streaming) a call site that repeats a
   key within one shadow run stops the tail's launches (an unfinished ``while`` makes no
-  progress), and each call site's launches go out in a window (``window``, default
-  `LAUNCH_WINDOW`) beyond the first call the loop may still wait on: a loop's exit may not have
-  streamed yet. Launches that waited for an earlier result of their own site count every
-  unclaimed call of the site (the window slides as the authoritative run claims them); others
-  count the unclaimed calls still running (it slides as results arrive). A closed statement is
-  followed exactly: its control flow waits for the results it tests, so it launches nothing
-  beyond the first unresolved one, and a parallel map is not throttled.
+  progress). Launches whose loop exit may depend on results that has not streamed yet go out
+  in a window (``window``, default `LAUNCH_WINDOW`) per call site beyond the first call the
+  loop may still wait on: launches that waited for an earlier result of their own site count
+  every unclaimed call of the site (the window slides as the authoritative run claims them);
+  launches whose result the code so far never reads (``d = fetch(i)`` before its ``if``
+  arrives) count the unclaimed calls still running (it slides as results arrive). Maps and
+  reductions are not throttled. A closed statement is followed exactly: its control flow waits
+  for the results it tests, so it launches nothing beyond the first unresolved one.
 
 The authoritative run (the REPL executing the complete block) claims calls by key: a hit waits
 for the early call's result, a miss calls the tool itself. Counting is decided once the block
@@ -78,6 +79,7 @@ from agentrt.interpreter.frames import (
 )
 from agentrt.interpreter.repair import TailRepair
 from agentrt.interpreter.repl import Repl, ReplError, ReplMessages, ReplSession
+from agentrt.interpreter.unread_results import unread_result_lines
 from agentrt.tools import Tool, ToolRegistry
 from agentrt.tools.scopes import ALL_SCOPES, overlaps
 
@@ -127,6 +129,9 @@ class _Shadow:
     block_occurrences: Counter = field(default_factory=Counter)
     tail_keys: set = field(default_factory=set)
     tail_stalled: bool = False
+    unread_lines: frozenset[int] = frozenset()
+    """Lines of the open tail whose call results the code so far never reads (`unread_results`):
+    a loop's exit may still come; their launches are windowed."""
     messages: int = 0
 
     @property
@@ -442,6 +447,9 @@ class Speculator(NoSpeculation):
             return
         self._shadows += 1
         shadow = _Shadow(handle, self._shadows, self._turn, epoch, layout, tail_line)
+        if tail_line is not None:
+            shadow.unread_lines = frozenset(
+                tail_line - 1 + n for n in unread_result_lines(statements[-1][2]))
         self._shadow = shadow
         lines = sum(source.count("\n") for _, _, source in statements)
         self.trace.emit("spec_peek", turn=self._turn, lines=lines)
@@ -510,7 +518,7 @@ class Speculator(NoSpeculation):
         block, line = shadow.block_of(lineno)
         origin = Origin(self._turn, block, line, shadow.epoch, shadow.in_tail(lineno),
                         shadow.number)
-        if origin.in_tail and not self._window_allows(shadow, origin, key, deps):
+        if origin.in_tail and not self._window_allows(shadow, origin, lineno, key, deps):
             return None
         shadow.occurrences[key] += 1
         shadow.block_occurrences[block, key] += 1
@@ -529,7 +537,7 @@ class Speculator(NoSpeculation):
                         lineno=line, deps=sorted({d.id for d in deps}))
         return call
 
-    def _window_allows(self, shadow: _Shadow, origin: Origin, key: str,
+    def _window_allows(self, shadow: _Shadow, origin: Origin, lineno: int | None, key: str,
                        deps: list[EarlyCall]) -> bool:
         """The ghost bound for launches from the open tail (see the module docstring)."""
         if shadow.tail_stalled:
@@ -539,6 +547,8 @@ class Speculator(NoSpeculation):
             return False
         shadow.tail_keys.add((origin.site, key))
         waited = any(d.origin.site == origin.site for d in deps)
+        if not waited and lineno not in shadow.unread_lines:
+            return True  # a map or a reduction: its results are used, not tested for an exit
         ahead = sum(1 for c in shadow.local.values()
                     if c.origin.site == origin.site and not c.claimed and c.live
                     and (waited or c.state != "done"))

@@ -54,6 +54,9 @@ from .sandbox import SandboxPolicy
 from .shadow_transform import compile_shadow
 
 SHADOW_FILENAME = "<shadow>"
+MAX_SHADOW_EFFECTS = 256
+"""Effectful calls one shadow run passes (without running them); at the next it stops
+launching (a runaway loop of effects, whose update has not streamed yet)."""
 
 
 class _SilentPrinter:
@@ -76,7 +79,8 @@ def _noop(*args: Any, **kwargs: Any) -> None:
 
 
 class ShadowStopped(Abandoned):
-    """A forked tool proxy tried to start a real tool call (never allowed in a shadow)."""
+    """The shadow stopped launching (it passed `MAX_SHADOW_EFFECTS` effectful calls), or a
+    forked tool proxy tried to start a real tool call (never allowed in a shadow)."""
 
 
 def assigned_names(stmt: ast.stmt) -> set[str]:
@@ -111,6 +115,8 @@ class ShadowRun:
         self._send_lock = threading.Lock()
         self._launch_info: dict[Any, tuple[int | None, list[Any]]] = {}
         self._next_id = 0
+        self.stopped = False
+        """Past `MAX_SHADOW_EFFECTS`: nothing more is launched in this run."""
         self.final_called = False
 
     # -- messages ------------------------------------------------------------------------------
@@ -148,7 +154,12 @@ class ShadowRun:
 
     def dispatch(self, name: str, args: tuple, kwargs: dict) -> Any:
         """Every tool call of the shadow comes here, with the tool's real name."""
+        if self.stopped:
+            raise ShadowStopped("the shadow passed too many effectful calls")
         if name not in self.speculatable:
+            if self.effects == MAX_SHADOW_EFFECTS:
+                self.stopped = True
+                raise ShadowStopped(f"more than {MAX_SHADOW_EFFECTS} effectful calls")
             self.effects += 1
             self.pending_writes |= self.writes.get(name, ALL_SCOPES)
             return self._not_launched(f"{name} has effects: it runs only in the real run")
@@ -253,6 +264,8 @@ class ShadowRun:
                     skip_block = block
             if self.final_called and final_block is None:
                 final_block = block
+            if self.stopped:
+                break
         self.send(ShadowDone(executed, abandoned, self.launches.pending_count(), self.effects))
         threading.Event().wait()  # keep serving pipelined launches until killed
 
