@@ -30,7 +30,7 @@ from . import prompts
 from .ledger import SpeculationBudget
 from .llm_tools import make_llm_tools
 from .results import BlockRecord, RunInterrupted, RunResult, RunStats, TurnRecord
-from .speculation import NoSpeculation, Speculator
+from .speculation import LAUNCH_WINDOW, NoSpeculation, Speculator
 from .tool_calls import call_digests, traced_call
 from .trace import Event, Trace
 
@@ -61,8 +61,11 @@ class Agent:
     the native engine, keeps the root's stream going first). ``speculation`` runs the shadow
     interpreter, which starts speculatable tool calls while the code is still streaming; answers
     are identical either way. ``speculation_budget`` bounds those early calls (tokens are
-    drafted by the engine: see its own options). ``on_event`` sees every trace event as it
-    happens (for live displays).
+    drafted by the engine: see its own options). ``speculation_window`` bounds the early calls
+    a loop still being streamed may launch per call site beyond the first one its exit may wait
+    on (a ``break`` on a result may not have streamed yet; default `LAUNCH_WINDOW`; 0: one at a
+    time); once the statement is complete it is followed exactly and not throttled.
+    ``on_event`` sees every trace event as it happens (for live displays).
     ``capture_namespace`` records the REPL's final variables in ``RunResult.namespace``.
     ``tool_timeout`` limits each call of a tool that sets no ``timeout`` of its own (seconds,
     ``math.inf`` for none; the built-in ``llm_query`` tools have none: their engine bounds them).
@@ -84,12 +87,16 @@ class Agent:
         repl_limits: ReplLimits | None = None,
         max_observation_chars: int = 4000,
         speculation_budget: SpeculationBudget | None = None,
+        speculation_window: int = LAUNCH_WINDOW,
         on_event: Callable[[Event], None] | None = None,
         capture_namespace: bool = False,
         tool_timeout: float = DEFAULT_TOOL_TIMEOUT_S,
     ) -> None:
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+        if type(speculation_window) is not int or speculation_window < 0:
+            raise ValueError(
+                f"speculation_window must be an int >= 0, got {speculation_window!r}")
         self.engine = engine
         self.sub_engine = sub_engine or engine
         self.registry = ToolRegistry(default_timeout=tool_timeout)
@@ -109,6 +116,7 @@ class Agent:
         self.repl_limits = repl_limits or ReplLimits()
         self.max_observation_chars = max_observation_chars
         self.speculation_budget = speculation_budget or SpeculationBudget()
+        self.speculation_window = speculation_window
         self.on_event = on_event
         self.capture_namespace = capture_namespace
 
@@ -358,7 +366,8 @@ class _Run:
             # it open for the run; the first block (and the first shadow) wait for it.
             if agent.speculation:
                 self.speculator = Speculator(repl, agent.registry, agent.speculation_budget,
-                                             self.trace, self.stats, ready=self._repl_ready)
+                                             self.trace, self.stats, ready=self._repl_ready,
+                                             window=agent.speculation_window)
             release = anyio.Event()
             stopped: Exception | None = None
             async with anyio.create_task_group() as holder:

@@ -1,9 +1,11 @@
 """The speculation ledger: the early tool calls of one run, keyed by (tool, canonical arguments).
 
 Shadow runs *launch* early calls; the authoritative run *claims* them by key. A claim takes the
-oldest live, unclaimed call with that key from the same turn and epoch (so N identical calls in
-the program are N invocations, matched in order, never one shared result) and waits for it; a
-claim that finds nothing is a miss and the caller invokes the tool itself. The ledger owns every
+oldest live, unclaimed call with that key from the same turn (so N identical calls in the
+program are N invocations, matched in order, never one shared result) and waits for it; a claim
+that finds nothing is a miss and the caller invokes the tool itself. A call that an effect made
+stale is cancelled (`cancel_unclaimed` with the tools that read what the effect writes), so
+every live call may serve. The ledger owns every
 budget on early calls (`SpeculationBudget`) and every question asked about them: which calls a
 new shadow may adopt, which to cancel, which to settle once their block has executed. What a
 settled call counts as (wasted or retracted) is the speculator's decision.
@@ -162,12 +164,12 @@ class Ledger:
         self._pump()
         return call
 
-    def adoptable(self, key: str, *, turn: int, from_block: int, epoch: int) -> list[EarlyCall]:
-        """The live calls with ``key`` launched in ``turn`` and ``epoch`` from block
-        ``from_block`` on, oldest first: what a new shadow of that code may adopt."""
+    def adoptable(self, key: str, *, turn: int, from_block: int) -> list[EarlyCall]:
+        """The live calls with ``key`` launched in ``turn`` from block ``from_block`` on,
+        oldest first: what a new shadow of that code may adopt."""
         return [call for call in self._calls
                 if call.key == key and call.live and call.origin.turn == turn
-                and call.origin.block >= from_block and call.origin.epoch == epoch]
+                and call.origin.block >= from_block]
 
     def _fits(self, call: EarlyCall) -> bool:
         if self._running == 0:
@@ -210,12 +212,12 @@ class Ledger:
 
     # -- claiming and ending -------------------------------------------------------------
 
-    def claim(self, key: str, *, turn: int, epoch: int) -> EarlyCall | None:
-        """The oldest live, unclaimed early call with ``key`` launched in ``turn`` and
-        ``epoch``, now claimed (started at once if it was queued); ``None`` on a miss."""
+    def claim(self, key: str, *, turn: int) -> EarlyCall | None:
+        """The oldest live, unclaimed early call with ``key`` launched in ``turn``, now
+        claimed (started at once if it was queued); ``None`` on a miss."""
         for call in self._calls:
             if call.key == key and not call.claimed and call.live \
-                    and call.origin.turn == turn and call.origin.epoch == epoch:
+                    and call.origin.turn == turn:
                 call.claimed_s = self._clock()
                 if call in self._queue:  # claimed before it could start: start it now
                     self._start_now(call)
@@ -237,13 +239,16 @@ class Ledger:
         return True
 
     def cancel_unclaimed(self, *, turn: int | None = None, from_block: int = 0,
-                         keep: Collection[EarlyCall] = ()) -> int:
+                         keep: Collection[EarlyCall] = (),
+                         tools: Collection[str] | None = None) -> int:
         """Cancel every live unclaimed call (of ``turn``, from block ``from_block`` on, if
-        ``turn`` is given) except those in ``keep``; returns how many."""
+        ``turn`` is given; of ``tools``, if given) except those in ``keep``; returns how
+        many."""
         kept = {id(call) for call in keep}
         return sum(self.cancel(call) for call in list(self._calls)
                    if (turn is None or call.origin.turn == turn
-                       and call.origin.block >= from_block) and id(call) not in kept)
+                       and call.origin.block >= from_block) and id(call) not in kept
+                   and (tools is None or call.tool in tools))
 
     def settle(self, *, turn: int | None = None, block: int | None = None) -> list[EarlyCall]:
         """Cancel and return, once each, the unclaimed calls (of ``turn`` and ``block`` when

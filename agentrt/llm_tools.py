@@ -24,7 +24,8 @@ def make_llm_tools(
 
     Each prompt is sent as one user message and answered with ``params``. ``max_concurrency``
     bounds the generations these two tools run at once, together (a batch counts one per prompt).
-    Both tools are marked ``speculate=True``: asking the model a question has no side effects.
+    Both tools are marked ``speculate=True, pure=True``: asking the model a question has no side
+    effects and reads no state, so they may start before an earlier effectful call.
     They have no tool timeout (``math.inf``): a generation is bounded by its engine (``max_tokens``,
     the OpenAI engine's deadlines) and the cell's wall-clock limit.
     """
@@ -61,8 +62,9 @@ def make_llm_tools(
         return replies
 
     return [
-        Tool(llm_query, speculate=True, timeout=math.inf, max_concurrency=max_concurrency),
-        Tool(llm_query_batched, speculate=True, timeout=math.inf),
+        Tool(llm_query, speculate=True, pure=True, timeout=math.inf,
+             max_concurrency=max_concurrency),
+        Tool(llm_query_batched, speculate=True, pure=True, timeout=math.inf),
     ]
 
 

@@ -20,17 +20,25 @@ Rules that keep the promise "same answers and effects, sooner":
 
 * **No early effects.** A shadow fork may not make real tool calls (the REPL refuses and
   counts them); the shadow routes every tool object it reaches through its launch logic, and a
-  tool that is not speculatable stops the shadow there.
-* **Effect barrier.** Every early call belongs to an *epoch*: the number of effectful calls the
-  authoritative run had made when the code the shadow runs began. A shadow stops at its first
-  effectful call, so its launches all precede that effect; when the authoritative run reaches an
-  effectful call, the epoch advances, every unclaimed early call is cancelled, and only calls of
-  the current epoch can serve a claim. A read never overtakes a write.
+  tool that is not speculatable is never run there.
+* **Effect barrier.** Tools declare effect scopes (`agentrt.tools.scopes`): a speculatable
+  tool reads scopes (every one unless declared; none if pure), an effectful tool writes scopes
+  (every one unless declared). A shadow never runs an effectful call; after one, it launches no
+  call that reads a scope the effect writes. Every shadow has an *epoch*: the number of
+  effectful calls the authoritative run had made when its code began. When the authoritative
+  run reaches an effectful call, the epoch advances and every unclaimed early call that reads a
+  scope it writes is cancelled; a shadow of an older epoch may no longer launch such calls. A
+  read never overtakes a write to a scope it reads; pure calls and reads of other scopes cross.
 * **Ghost bound.** In the open tail (the statement still streaming) a call site that repeats a
   key within one shadow run stops the tail's launches (an unfinished ``while`` makes no
-  progress), and launches that waited for an earlier result of the same site (a loop whose exit
-  depends on results) go out in a window of ``TAIL_WINDOW`` unclaimed calls per site, which
-  slides forward as the authoritative run claims them.
+  progress). Launches whose loop exit may depend on results that has not streamed yet go out
+  in a window (``window``, default `LAUNCH_WINDOW`) per call site beyond the first call the
+  loop may still wait on: launches that waited for an earlier result of their own site count
+  every unclaimed call of the site (the window slides as the authoritative run claims them);
+  launches whose result the code so far never reads (``d = fetch(i)`` before its ``if``
+  arrives) count the unclaimed calls still running (it slides as results arrive). Maps and
+  reductions are not throttled. A closed statement is followed exactly: its control flow waits
+  for the results it tests, so it launches nothing beyond the first unresolved one.
 
 The authoritative run (the REPL executing the complete block) claims calls by key: a hit waits
 for the early call's result, a miss calls the tool itself. Counting is decided once the block
@@ -71,7 +79,9 @@ from agentrt.interpreter.frames import (
 )
 from agentrt.interpreter.repair import TailRepair
 from agentrt.interpreter.repl import Repl, ReplError, ReplMessages, ReplSession
-from agentrt.tools import ToolRegistry
+from agentrt.interpreter.unread_results import unread_result_lines
+from agentrt.tools import Tool, ToolRegistry
+from agentrt.tools.scopes import ALL_SCOPES, overlaps
 
 from .ledger import EarlyCall, Ledger, Origin, SpeculationBudget
 from .results import RunStats
@@ -80,9 +90,9 @@ from .trace import Trace
 
 SHADOW_CPU_S = 2
 """CPU seconds one shadow may burn (a runaway ``while`` is stopped there)."""
-TAIL_WINDOW = 4
-"""Unclaimed early calls per call site, among launches that waited for an earlier result of the
-same site, while that site's statement is still streaming."""
+LAUNCH_WINDOW = 4
+"""Default of ``Agent(speculation_window=...)``: early calls one call site of the open tail may
+launch beyond the first call its loop may still wait on (see the module docstring)."""
 MAX_SHADOW_MESSAGES = 1024
 """Messages one shadow may send; past it, it is killed (its speculation is best effort)."""
 
@@ -119,6 +129,9 @@ class _Shadow:
     block_occurrences: Counter = field(default_factory=Counter)
     tail_keys: set = field(default_factory=set)
     tail_stalled: bool = False
+    unread_lines: frozenset[int] = frozenset()
+    """Lines of the open tail whose call results the code so far never reads (`unread_results`):
+    a loop's exit may still come; their launches are windowed."""
     messages: int = 0
 
     @property
@@ -182,7 +195,8 @@ class Speculator(NoSpeculation):
     agent loop reports to it as to `NoSpeculation`."""
 
     def __init__(self, repl: Repl, registry: ToolRegistry, budget: SpeculationBudget,
-                 trace: Trace, stats: RunStats, ready: anyio.Event | None = None) -> None:
+                 trace: Trace, stats: RunStats, ready: anyio.Event | None = None,
+                 window: int = LAUNCH_WINDOW) -> None:
         self.repl = repl
         self._repl_ready = ready
         """Set once the REPL has started (shadows wait for it); None: started already."""
@@ -191,6 +205,16 @@ class Speculator(NoSpeculation):
         self.stats = stats
         self.ledger = Ledger(self._invoke_early, budget, trace.now)
         self.speculatable = frozenset(t.name for t in registry if t.speculate)
+        self.window = window
+        self._reads = {t.name: t.reads for t in registry if t.speculate}
+        self._effect_writes: list[frozenset[str]] = []
+        """What the authoritative run's effectful calls wrote, in order (epoch n follows n)."""
+        self._scopes = (
+            tuple((t.name, tuple(sorted(t.reads))) for t in registry
+                  if t.speculate and t.reads != ALL_SCOPES),
+            tuple((t.name, tuple(sorted(t.writes))) for t in registry
+                  if not t.speculate and t.writes != ALL_SCOPES))
+        """The declared scopes, as the `Shadow` frame carries them: (reads, writes)."""
         self._stack: contextlib.AsyncExitStack | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         self._messages: ReplMessages | None = None
@@ -293,7 +317,7 @@ class Speculator(NoSpeculation):
         seq = self._claims
         self._claims += 1
         if not tool.speculate:
-            await self._effect()
+            self._effect(tool)
             return False, None
         try:
             key = tool.call_key(args, kwargs)
@@ -301,7 +325,7 @@ class Speculator(NoSpeculation):
             return False, None  # let the plain call raise the same validation error
         if block is not None:
             self._asked.setdefault((self._turn, block), Counter())[key] += 1
-        call = self.ledger.claim(key, turn=self._turn, epoch=self._effects)
+        call = self.ledger.claim(key, turn=self._turn)
         self.trace.emit("spec_claim", seq=seq, tool=name,
                         early_id=call.id if call is not None else None)
         if call is None:
@@ -314,13 +338,20 @@ class Speculator(NoSpeculation):
             self.stats.hidden_s += max(0.0, min(end, call.claimed_s) - call.started_s)
         return True, call.outcome()
 
-    async def _effect(self) -> None:
-        """An effectful call is about to run: nothing launched before it may serve after it."""
+    def _effect(self, tool: Tool) -> None:
+        """An effectful call is about to run: no call launched before it that reads a scope it
+        writes may serve after it."""
         self._effects += 1
+        self._effect_writes.append(tool.writes)
         self.trace.emit("spec_effect", turn=self._turn, epoch=self._effects)
-        self.ledger.cancel_unclaimed()
-        await self._kill_shadow()
-        self._shadowed_code = ""
+        self.ledger.cancel_unclaimed(tools=[name for name, reads in self._reads.items()
+                                            if overlaps(reads, tool.writes)])
+
+    def _overtakes_effect(self, name: str, epoch: int) -> bool:
+        """Whether tool ``name`` reads a scope written by an effectful call the authoritative
+        run made since ``epoch``."""
+        reads = self._reads[name]
+        return any(overlaps(reads, writes) for writes in self._effect_writes[epoch:])
 
     # -- early calls ----------------------------------------------------------------------------
 
@@ -386,9 +417,11 @@ class Speculator(NoSpeculation):
         while True:
             await self._dirty.wait()
             self._dirty = anyio.Event()
-            statements, layout, tail_line = self._shadow_code()
             epoch = self._shadow_epoch()
-            code = repr(statements) if statements and epoch is not None else ""
+            if epoch is None:
+                continue  # the running shadow goes on; the next starts once the block executed
+            statements, layout, tail_line = self._shadow_code()
+            code = repr(statements) if statements else ""
             if code == self._shadowed_code:
                 continue
             await self._kill_shadow()
@@ -414,11 +447,14 @@ class Speculator(NoSpeculation):
             return
         self._shadows += 1
         shadow = _Shadow(handle, self._shadows, self._turn, epoch, layout, tail_line)
+        if tail_line is not None:
+            shadow.unread_lines = frozenset(
+                tail_line - 1 + n for n in unread_result_lines(statements[-1][2]))
         self._shadow = shadow
         lines = sum(source.count("\n") for _, _, source in statements)
         self.trace.emit("spec_peek", turn=self._turn, lines=lines)
         await handle.post(Shadow(tuple(statements), tuple(sorted(self.speculatable)),
-                                 SHADOW_CPU_S))
+                                 SHADOW_CPU_S, *self._scopes))
 
     async def _kill_shadow(self) -> None:
         shadow, self._shadow = self._shadow, None
@@ -473,7 +509,7 @@ class Speculator(NoSpeculation):
     def _early_call(self, shadow: _Shadow, name: Any, args: tuple, kwargs: dict,
                     lineno: int | None, deps: list[EarlyCall]) -> EarlyCall | None:
         """The early call serving this launch: adopted, newly started, or None (refused)."""
-        if name not in self.speculatable or shadow.epoch != self._effects:
+        if name not in self.speculatable or self._overtakes_effect(name, shadow.epoch):
             return None
         try:
             key = self.registry.get(name).call_key(args, kwargs)
@@ -482,13 +518,12 @@ class Speculator(NoSpeculation):
         block, line = shadow.block_of(lineno)
         origin = Origin(self._turn, block, line, shadow.epoch, shadow.in_tail(lineno),
                         shadow.number)
-        if origin.in_tail and not self._tail_allows(shadow, origin, key, deps):
+        if origin.in_tail and not self._window_allows(shadow, origin, lineno, key, deps):
             return None
         shadow.occurrences[key] += 1
         shadow.block_occurrences[block, key] += 1
         n = shadow.occurrences[key]
-        same = self.ledger.adoptable(key, turn=self._turn, from_block=shadow.first_block,
-                                     epoch=shadow.epoch)
+        same = self.ledger.adoptable(key, turn=self._turn, from_block=shadow.first_block)
         if n <= len(same):
             return same[n - 1]
         asked = self._asked.get((self._turn, block), Counter())[key]
@@ -502,8 +537,8 @@ class Speculator(NoSpeculation):
                         lineno=line, deps=sorted({d.id for d in deps}))
         return call
 
-    def _tail_allows(self, shadow: _Shadow, origin: Origin, key: str,
-                     deps: list[EarlyCall]) -> bool:
+    def _window_allows(self, shadow: _Shadow, origin: Origin, lineno: int | None, key: str,
+                       deps: list[EarlyCall]) -> bool:
         """The ghost bound for launches from the open tail (see the module docstring)."""
         if shadow.tail_stalled:
             return False
@@ -511,11 +546,13 @@ class Speculator(NoSpeculation):
             shadow.tail_stalled = True  # the loop made no progress: stop launching from the tail
             return False
         shadow.tail_keys.add((origin.site, key))
-        if not any(d.origin.site == origin.site for d in deps):
-            return True  # does not wait for this site's earlier results: a parallel loop
-        unclaimed = sum(1 for c in shadow.local.values()
-                        if c.origin.site == origin.site and not c.claimed)
-        return unclaimed < TAIL_WINDOW
+        waited = any(d.origin.site == origin.site for d in deps)
+        if not waited and lineno not in shadow.unread_lines:
+            return True  # a map or a reduction: its results are used, not tested for an exit
+        ahead = sum(1 for c in shadow.local.values()
+                    if c.origin.site == origin.site and not c.claimed and c.live
+                    and (waited or c.state != "done"))
+        return ahead <= self.window
 
     async def _deliver(self, shadow: _Shadow, local_id: Any, call: EarlyCall) -> None:
         await call.done.wait()
@@ -545,4 +582,4 @@ class Speculator(NoSpeculation):
 
 
 __all__ = ["NoSpeculation", "Origin", "Speculator", "SpeculationBudget", "SHADOW_CPU_S",
-           "TAIL_WINDOW"]
+           "LAUNCH_WINDOW"]

@@ -23,61 +23,61 @@ def _h(*parts: Any) -> int:
 def make_tools(latency: float) -> dict[str, Tool]:
     """The pattern tools; each sleeps for its latency (a multiple of ``latency``)."""
 
-    @tool(speculate=True)
+    @tool(speculate=True, pure=True)
     async def summarize(doc: str) -> str:
         """A one-line summary of a document."""
         await anyio.sleep(latency)
         return f"summary-{_h('s', doc) % 1000}"
 
-    @tool(speculate=True)
+    @tool(speculate=True, pure=True)
     async def score(text: str) -> int:
         """A relevance score 0..99."""
         await anyio.sleep(latency)
         return _h("score", text) % 100
 
-    @tool(speculate=True)
+    @tool(speculate=True, pure=True)
     async def extract(item: str) -> str:
         """The key fact of an item."""
         await anyio.sleep(latency)
         return f"fact-{_h('e', item) % 1000}"
 
-    @tool(speculate=True)
+    @tool(speculate=True, pure=True)
     async def classify(fact: str) -> str:
         """A label for a fact."""
         await anyio.sleep(latency)
         return ["red", "green", "blue"][_h("c", fact) % 3]
 
-    @tool(speculate=True)
+    @tool(speculate=True, pure=True)
     async def step(x: int) -> int:
         """One step of an iterative computation."""
         await anyio.sleep(latency)
         return (x * 31 + 7) % 1009
 
-    @tool(speculate=True)
+    @tool(speculate=True, pure=True)
     async def llm_vote(question: str) -> str:
         """A (deterministic) vote."""
         await anyio.sleep(latency * 1.5)
         return ["yes", "no"][_h("v", question) % 2]
 
-    @tool(speculate=True)
+    @tool(speculate=True, pure=True)
     async def combine(text: str) -> str:
         """Merge summaries into one report."""
         await anyio.sleep(latency * 2)
         return f"report-{_h('r', text) % 10000}"
 
-    @tool(speculate=True)
+    @tool(speculate=True, pure=True)
     async def count_pages(doc: str) -> int:
         """Page count of a document (1..6)."""
         await anyio.sleep(latency * 0.5)
         return 1 + _h("p", doc) % 6
 
-    @tool(speculate=True)
+    @tool(speculate=True, pure=True)
     async def fetch_page(doc: str, page: int) -> str:
         """The text of one page."""
         await anyio.sleep(latency)
         return f"{doc}/p{page}"
 
-    @tool(speculate=True)
+    @tool(speculate=True, pure=True)
     async def neighbors(node: str) -> list[str]:
         """Graph neighbours of a node."""
         await anyio.sleep(latency * 0.5)
@@ -86,20 +86,20 @@ def make_tools(latency: float) -> dict[str, Tool]:
 
     saved: list[str] = []
 
-    @tool  # effectful: never speculated
+    @tool(writes={"notes"})  # effectful: never speculated
     async def save_note(text: str) -> int:
         """Store a note; returns its id."""
         await anyio.sleep(latency * 0.5)
         saved.append(text)
         return len(saved)
 
-    @tool(speculate=True)  # reads what save_note writes: an effect barrier keeps it in order
+    @tool(speculate=True, reads={"notes"})  # waits for save_note: reads never overtake writes
     async def count_notes() -> int:
         """How many notes are stored."""
         await anyio.sleep(latency * 0.5)
         return len(saved)
 
-    @tool(speculate=True)
+    @tool(speculate=True, pure=True)
     async def mentions(doc: str, word: str) -> bool:
         """Whether a document mentions a word (doc5 and later mention "budget")."""
         await anyio.sleep(latency * 0.5)

@@ -212,12 +212,17 @@ class ToolFailed(HostFrame):
 class Shadow(HostFrame):
     """Become a shadow run (shadow_worker.py) of ``statements`` (``(block, first line,
     source)`` each, in order), launching only the ``speculatable`` tools, with ``cpu_s``
-    seconds of CPU; no reply."""
+    seconds of CPU; no reply. ``reads`` gives the effect scopes of the speculatable tools that
+    declare them (``(tool, scopes)``; a pure tool's are empty) and ``writes`` those of the
+    effectful tools that declare them; a tool not listed reads or writes every scope
+    (``agentrt.tools.scopes``)."""
 
     op: ClassVar[str] = SHADOW
     statements: tuple[tuple[int, int, str], ...]
     speculatable: tuple[str, ...]
     cpu_s: float
+    reads: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    writes: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -327,13 +332,13 @@ class Launch(WorkerFrame):
 @dataclasses.dataclass(frozen=True)
 class ShadowDone(WorkerFrame):
     """From a shadow fork: it ran all its code (``pending`` launches still wait for inputs;
-    ``stopped`` says why it stopped early, if it did)."""
+    ``effects``: effectful calls it passed without running them)."""
 
     op: ClassVar[str] = SHADOW_DONE
     executed: int
     abandoned: int
     pending: int
-    stopped: str | None = None
+    effects: int = 0
 
 
 # -- made by the host ----------------------------------------------------------------------------

@@ -10,8 +10,10 @@ unexecuted blocks of the response so far, the open tail repaired). This process 
   (aliases, default arguments, closures, containers, names rebound in earlier cells) — their
   tool channel is redirected here, so a shadow never sends a real tool call. The tool's own
   policy decides: a speculatable call is sent as a `Launch` (at once, or as soon as its lazy
-  arguments resolve) and returns a `Lazy`; any other tool *stops* the shadow at that point
-  (the effect barrier: nothing after an effect, in execution order, is launched early);
+  arguments resolve) and returns a `Lazy`; an effectful call is never run here: it returns a
+  poisoned `Lazy` and, from then on, the scopes it writes are *pending*. A speculatable call
+  that reads a pending scope is not launched either (the effect barrier: a read never
+  overtakes a write it may observe; pure tools and reads of other scopes go out);
 * runs the code statement by statement: a statement that is abandoned (it needed a value that
   will not arrive) poisons the names it assigns and the run goes on with the next one; a
   statement that raises an ordinary exception ends its block, as it ends the cell in the real
@@ -32,6 +34,8 @@ import sys
 import threading
 from typing import Any
 
+from agentrt.tools.scopes import ALL_SCOPES, overlaps
+
 from .arg_limits import check_arguments
 from .frames import (
     EXIT_PROTOCOL,
@@ -50,6 +54,9 @@ from .sandbox import SandboxPolicy
 from .shadow_transform import compile_shadow
 
 SHADOW_FILENAME = "<shadow>"
+MAX_SHADOW_EFFECTS = 256
+"""Effectful calls one shadow run passes (without running them); at the next it stops
+launching (a runaway loop of effects, whose update has not streamed yet)."""
 
 
 class _SilentPrinter:
@@ -72,8 +79,8 @@ def _noop(*args: Any, **kwargs: Any) -> None:
 
 
 class ShadowStopped(Abandoned):
-    """The shadow reached a point the real run may not have passed yet (an effectful tool, or
-    a launch after the stop): nothing more is launched in this run."""
+    """The shadow stopped launching (it passed `MAX_SHADOW_EFFECTS` effectful calls), or a
+    forked tool proxy tried to start a real tool call (never allowed in a shadow)."""
 
 
 def assigned_names(stmt: ast.stmt) -> set[str]:
@@ -98,13 +105,18 @@ class ShadowRun:
         self.process = process
         self.sandbox = process.sandbox
         self.speculatable = frozenset(frame.speculatable)
+        self.reads = {name: frozenset(scopes) for name, scopes in frame.reads}
+        self.writes = {name: frozenset(scopes) for name, scopes in frame.writes}
+        self.pending_writes: frozenset[str] = frozenset()
+        """Scopes written by the effectful calls this run passed (they have not run yet)."""
+        self.effects = 0
         self.table = LazyTable()
         self.launches = PendingLaunches(self.table, self._send_launch)
         self._send_lock = threading.Lock()
         self._launch_info: dict[Any, tuple[int | None, list[Any]]] = {}
         self._next_id = 0
-        self.stopped: str | None = None
-        """Why the run stopped launching (an effectful tool reached), or None."""
+        self.stopped = False
+        """Past `MAX_SHADOW_EFFECTS`: nothing more is launched in this run."""
         self.final_called = False
 
     # -- messages ------------------------------------------------------------------------------
@@ -142,16 +154,29 @@ class ShadowRun:
 
     def dispatch(self, name: str, args: tuple, kwargs: dict) -> Any:
         """Every tool call of the shadow comes here, with the tool's real name."""
-        if self.stopped is not None:
-            raise ShadowStopped(self.stopped)
+        if self.stopped:
+            raise ShadowStopped("the shadow passed too many effectful calls")
         if name not in self.speculatable:
-            self.stopped = f"{name} is not speculatable: the shadow stops before it"
-            raise ShadowStopped(self.stopped)
+            if self.effects == MAX_SHADOW_EFFECTS:
+                self.stopped = True
+                raise ShadowStopped(f"more than {MAX_SHADOW_EFFECTS} effectful calls")
+            self.effects += 1
+            self.pending_writes |= self.writes.get(name, ALL_SCOPES)
+            return self._not_launched(f"{name} has effects: it runs only in the real run")
+        if overlaps(self.reads.get(name, ALL_SCOPES), self.pending_writes):
+            return self._not_launched(f"{name} reads what an earlier effectful call writes")
         check_arguments(name, args, kwargs)  # too big: the same ToolError as in the real run
         call_id = self._new_id()
         deps = set(self.table.forced) | self.table.deps((args, kwargs))
         self._launch_info[call_id] = (_caller_line(), sorted(deps))
         return self.launches.launch(name, args, kwargs, call_id=call_id)
+
+    def _not_launched(self, reason: str) -> Any:
+        """A call that never runs in the shadow: a poisoned `Lazy` (forcing it abandons)."""
+        call_id = self._new_id()
+        lazy = self.table.new_call(call_id)
+        self.table.poison(call_id, reason)
+        return lazy
 
     def _proxy(self, name: str) -> Any:
         def call_tool(*args: Any, **kwargs: Any) -> Any:
@@ -239,9 +264,9 @@ class ShadowRun:
                     skip_block = block
             if self.final_called and final_block is None:
                 final_block = block
-            if self.stopped is not None:
+            if self.stopped:
                 break
-        self.send(ShadowDone(executed, abandoned, self.launches.pending_count(), self.stopped))
+        self.send(ShadowDone(executed, abandoned, self.launches.pending_count(), self.effects))
         threading.Event().wait()  # keep serving pipelined launches until killed
 
 

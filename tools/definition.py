@@ -32,7 +32,7 @@ import json
 import keyword
 import math
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Annotated, Any, get_args, get_origin, overload
 
 import anyio
@@ -48,6 +48,7 @@ from .errors import (
     ToolTimeoutError,
     UnkeyableArgumentsError,
 )
+from .scopes import ALL_SCOPES, check_scopes
 
 DEFAULT_TOOL_TIMEOUT_S = 60.0
 """The time limit of a call of a tool that sets none, unless its registry or agent sets another."""
@@ -62,8 +63,12 @@ class Tool:
     """A function the agent's code can call, with validated arguments and limits.
 
     Attributes: ``name``, ``speculate`` (safe to run before its statement really executes: pure,
-    read-only or idempotent), ``timeout`` (seconds; ``math.inf``: no limit; None: the default of
-    whoever runs it, see the module docstring), ``max_concurrency`` (calls of this tool in flight
+    read-only or idempotent), ``pure`` (a speculatable tool that depends only on its arguments),
+    ``reads`` / ``writes`` (the effect scopes it reads or writes, see `agentrt.tools.scopes`:
+    a speculatable tool reads `ALL_SCOPES` unless it declares ``reads`` or is pure, and writes
+    nothing; an effectful tool writes `ALL_SCOPES` unless it declares ``writes``), ``timeout``
+    (seconds; ``math.inf``: no limit; None: the default of whoever runs it, see the module
+    docstring), ``max_concurrency`` (calls of this tool in flight
     at once, or None), ``description`` (default: first paragraph of the docstring), ``is_async``
     and ``func`` (the wrapped function).
     """
@@ -74,6 +79,9 @@ class Tool:
         *,
         name: str | None = None,
         speculate: bool = False,
+        pure: bool = False,
+        reads: Iterable[str] | None = None,
+        writes: Iterable[str] | None = None,
         timeout: float | None = None,
         max_concurrency: int | None = None,
         description: str | None = None,
@@ -84,6 +92,9 @@ class Tool:
         self.func = func
         self.name = _check_name(name if name is not None else getattr(func, "__name__", None))
         self.speculate = bool(speculate)
+        self.pure = bool(pure)
+        self.reads, self.writes = _effect_scopes(self.name, self.speculate, self.pure, reads,
+                                                 writes)
         self.timeout = _check_timeout(self.name, timeout)
         self.max_concurrency = _check_max_concurrency(self.name, max_concurrency)
         self.description = (
@@ -269,7 +280,8 @@ class Tool:
 
     def __repr__(self) -> str:
         return (
-            f"Tool({self.name!r}, speculate={self.speculate}, timeout={self.timeout}, "
+            f"Tool({self.name!r}, speculate={self.speculate}, pure={self.pure}, "
+            f"reads={sorted(self.reads)}, writes={sorted(self.writes)}, timeout={self.timeout}, "
             f"max_concurrency={self.max_concurrency}, is_async={self.is_async})"
         )
 
@@ -283,6 +295,9 @@ def tool(
     *,
     name: str | None = None,
     speculate: bool = False,
+    pure: bool = False,
+    reads: Iterable[str] | None = None,
+    writes: Iterable[str] | None = None,
     timeout: float | None = None,
     max_concurrency: int | None = None,
     description: str | None = None,
@@ -295,15 +310,25 @@ def tool(
     *,
     name: str | None = None,
     speculate: bool = False,
+    pure: bool = False,
+    reads: Iterable[str] | None = None,
+    writes: Iterable[str] | None = None,
     timeout: float | None = None,
     max_concurrency: int | None = None,
     description: str | None = None,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
-    """Make a sync or async function into a `Tool`; use as ``@tool`` or ``@tool(...)``."""
+    """Make a sync or async function into a `Tool`; use as ``@tool`` or ``@tool(...)``.
+
+    Effect scopes let speculation start calls earlier: ``@tool(speculate=True, pure=True)``
+    (depends only on its arguments: it may start before an earlier effectful call), or
+    ``@tool(speculate=True, reads={"accounts"})`` with ``@tool(writes={"accounts"})`` on the
+    effectful tools (a read waits only for writes to a scope it reads). See `Tool`.
+    """
 
     def wrap(f: Callable[..., Any]) -> Tool:
         return Tool(
-            f, name=name, speculate=speculate, timeout=timeout,
+            f, name=name, speculate=speculate, pure=pure, reads=reads, writes=writes,
+            timeout=timeout,
             max_concurrency=max_concurrency, description=description,
         )
 
@@ -315,6 +340,31 @@ def tool(
             "pass options by keyword: @tool(name=...)"
         )
     return wrap(func)
+
+
+def _effect_scopes(name: str, speculate: bool, pure: bool, reads: Iterable[str] | None,
+                   writes: Iterable[str] | None) -> tuple[frozenset[str], frozenset[str]]:
+    """(reads, writes) of a tool, checked: see `Tool` and `agentrt.tools.scopes`."""
+    if pure and not speculate:
+        raise ToolDefinitionError(
+            f"tool {name!r}: pure=True needs speculate=True (a pure tool is safe to run early)")
+    if pure and (reads is not None or writes is not None):
+        raise ToolDefinitionError(
+            f"tool {name!r}: pure=True means it depends only on its arguments; "
+            "drop reads= and writes=")
+    if speculate and writes is not None:
+        raise ToolDefinitionError(
+            f"tool {name!r}: a speculatable tool may run early, so it must not write; "
+            "drop writes= or speculate=True")
+    if not speculate and reads is not None:
+        raise ToolDefinitionError(
+            f"tool {name!r}: reads= applies to speculatable tools only (an effectful tool "
+            "never runs early); declare what it changes with writes=")
+    if not speculate:
+        return ALL_SCOPES, (ALL_SCOPES if writes is None else check_scopes(name, "writes", writes))
+    if pure:
+        return frozenset(), frozenset()
+    return (ALL_SCOPES if reads is None else check_scopes(name, "reads", reads)), frozenset()
 
 
 def _cancel_requested() -> bool:

@@ -56,9 +56,9 @@ def test_identical_calls_are_separate_invocations_claimed_in_order():
         async with Ledger(rec, SpeculationBudget(), time.monotonic) as ledger:
             first = ledger.launch("f", "k", (1,), {}, at())
             second = ledger.launch("f", "k", (1,), {}, at())
-            assert ledger.claim("k", turn=0, epoch=0) is first
-            assert ledger.claim("k", turn=0, epoch=0) is second
-            assert ledger.claim("k", turn=0, epoch=0) is None  # a third identical call misses
+            assert ledger.claim("k", turn=0) is first
+            assert ledger.claim("k", turn=0) is second
+            assert ledger.claim("k", turn=0) is None  # a third identical call misses
             await first.done.wait()
             await second.done.wait()
             assert rec.invocations == 2
@@ -132,7 +132,7 @@ def test_claiming_a_queued_call_starts_it():
             ledger.launch("f", "a", (), {}, at())
             queued = ledger.launch("f", "b", (), {}, at())
             assert queued.state == "queued"
-            assert ledger.claim("b", turn=0, epoch=0) is queued
+            assert ledger.claim("b", turn=0) is queued
             assert queued.state == "running"
 
     run(main)
@@ -145,7 +145,7 @@ def test_cancel_unclaimed_counts_and_stops_running_calls():
         async with Ledger(rec, SpeculationBudget(), time.monotonic) as ledger:
             a = ledger.launch("f", "a", (), {}, at(block=0))
             b = ledger.launch("f", "b", (), {}, at(block=1))
-            ledger.claim("a", turn=0, epoch=0)
+            ledger.claim("a", turn=0)
             await anyio.sleep(0.05)
             n = ledger.cancel_unclaimed(turn=0)
             assert n == 1 and b.state == "cancelled" and a.state == "running"
@@ -164,7 +164,7 @@ def test_errors_are_kept_for_the_claimer():
     async def main():
         async with Ledger(Recorder(0, fail={"bad"}), SpeculationBudget(), time.monotonic) as ledger:
             call = ledger.launch("f", "bad", (), {}, at())
-            assert ledger.claim("bad", turn=0, epoch=0) is call
+            assert ledger.claim("bad", turn=0) is call
             await call.done.wait()
             with pytest.raises(ValueError, match="bad bad"):
                 call.outcome()
@@ -172,16 +172,21 @@ def test_errors_are_kept_for_the_claimer():
     run(main)
 
 
-def test_claims_and_adoption_see_only_the_same_turn_and_epoch():
+def test_claims_and_adoption_see_only_the_same_turn_and_the_live_calls():
     async def main():
         async with Ledger(Recorder(0), SpeculationBudget(), time.monotonic) as ledger:
             old = ledger.launch("f", "k", (), {}, at(epoch=0))
             new = ledger.launch("f", "k", (), {}, at(epoch=1, block=2))
-            assert ledger.adoptable("k", turn=0, from_block=0, epoch=1) == [new]
-            assert ledger.adoptable("k", turn=0, from_block=3, epoch=1) == []
-            assert ledger.claim("k", turn=1, epoch=1) is None
-            assert ledger.claim("k", turn=0, epoch=1) is new
-            assert ledger.cancel_unclaimed(turn=0, keep=[old]) == 0 and old.live
+            # a call of an older epoch that no effect cancelled still serves
+            assert ledger.adoptable("k", turn=0, from_block=0) == [old, new]
+            assert ledger.adoptable("k", turn=0, from_block=3) == []
+            assert ledger.claim("k", turn=1) is None
+            assert ledger.claim("k", turn=0) is old
+            assert ledger.cancel_unclaimed(turn=0, keep=[new]) == 0 and new.live
+            assert ledger.cancel_unclaimed(tools=["g"]) == 0 and new.live
+            assert ledger.cancel_unclaimed(tools=["f"]) == 1 and not new.live
+            assert ledger.adoptable("k", turn=0, from_block=0) == [old]
+            assert ledger.claim("k", turn=0) is None
 
     run(main)
 
@@ -190,7 +195,7 @@ def test_settle_takes_each_unclaimed_call_once():
     async def main():
         async with Ledger(Recorder(0), SpeculationBudget(), time.monotonic) as ledger:
             calls = [ledger.launch("f", f"k{b}", (), {}, at(block=b)) for b in (0, 0, 1)]
-            ledger.claim("k0", turn=0, epoch=0)
+            ledger.claim("k0", turn=0)
             assert ledger.settle(turn=0, block=0) == [calls[1]]
             assert ledger.settle() == [calls[2]]
             assert ledger.settle() == []

@@ -51,6 +51,8 @@ class World:
         self.latency = latency
         self.effects: list[tuple[int, bool]] = []
         self.balance = 0
+        self.ledger = 0
+        self.notes = 0
         self.invocations: dict[str, int] = {}
         self.running = 0
         self.peak = 0
@@ -122,7 +124,41 @@ class World:
             await world.work("peek", world.latency)
             return world.balance
 
-        return [f, g, boom, slow, record, put, peek]
+        @tool(writes={"ledger"})
+        async def book(x: int) -> int:
+            """An effectful write to the ledger scope only."""
+            world.ledger += x
+            world.effects.append((2000 + x, world.execs_open > 0))
+            await anyio.sleep(world.latency)
+            return world.ledger
+
+        @tool(speculate=True, reads={"ledger"})
+        async def audit() -> int:
+            """A read of the ledger scope."""
+            await world.work("audit", world.latency)
+            return world.ledger
+
+        @tool(writes={"notes"})
+        async def jot(x: int) -> int:
+            """An effectful write to the notes scope only."""
+            world.notes += x
+            world.effects.append((3000 + x, world.execs_open > 0))
+            await anyio.sleep(world.latency)
+            return world.notes
+
+        @tool(speculate=True, reads={"notes", "ledger"})
+        async def digest() -> int:
+            """A read of the notes and ledger scopes."""
+            await world.work("digest", world.latency)
+            return world.notes * 100 + world.ledger
+
+        @tool(speculate=True, pure=True)
+        async def pf(x: int) -> int:
+            """Pure: depends only on its argument."""
+            await world.work("pf", world.latency)
+            return (x * 5 + 1) % 97
+
+        return [f, g, boom, slow, record, put, peek, book, audit, jot, digest, pf]
 
 
 def fence(code: str) -> str:
@@ -185,7 +221,8 @@ def statement(draw):
     kind = draw(st.sampled_from([
         "assign", "for", "while", "if", "try", "def", "break", "continue", "comp", "effect",
         "print", "string", "raise", "alias", "default_arg", "rebind", "raise_now", "final",
-        "write_read", "read_write",
+        "write_read", "read_write", "scoped_write_read", "scoped_read_write", "disjoint",
+        "pure_effect", "scoped_loop", "write_all_read_scoped",
     ]))
     return {
         "assign": f"{t} = {e}",
@@ -211,6 +248,14 @@ def statement(draw):
         # reads and writes of shared state
         "write_read": f"put({n})\n{t} = peek() + f({v})",
         "read_write": f"{t} = peek()\nput({v} % 5)\n{t} += peek()",
+        # effect scopes: reads of an overlapping scope wait, disjoint and pure ones cross
+        "scoped_write_read": f"book({n})\n{t} = audit() + pf({v}) + digest() + peek()",
+        "scoped_read_write": f"{t} = audit()\nbook({v} % 5)\n{t} += audit() + pf({t})",
+        "disjoint": f"jot({n})\n{t} = audit() + digest() + pf({n})",
+        "pure_effect": f"{t} = pf({v}) + record({n}) + pf({t}) + audit()",
+        "scoped_loop": f"for i in range({n}):\n    {t} += digest() + pf(i)\n    book(i)\n"
+                       f"    jot(pf(i) % 3)",
+        "write_all_read_scoped": f"put({n})\n{t} = audit() + pf({v})",
     }[kind]
 
 

@@ -76,19 +76,52 @@ class Bank:
             bank._count("measure")
             return len(text)
 
-        return [record_effect, deposit, get_balance, lookup, check, measure]
+        @tool(writes={"accounts"})
+        async def transfer(amount: int) -> int:
+            """Effectful, declared: writes the accounts scope only."""
+            bank._count("transfer")
+            bank.effects.append(f"transfer {amount}")
+            bank.balance += amount
+            await anyio.sleep(bank.latency)
+            return bank.balance
+
+        @tool(speculate=True, reads={"accounts"})
+        async def account_balance() -> int:
+            """A declared read of the accounts scope."""
+            bank._count("account_balance")
+            value = bank.balance
+            await anyio.sleep(bank.latency)
+            return value
+
+        @tool(speculate=True, reads={"weather"})
+        async def forecast(day: int) -> str:
+            """A declared read of a scope no tool here writes."""
+            bank._count("forecast")
+            await anyio.sleep(bank.latency)
+            return f"day {day}: {'rain' if day % 2 else 'sun'}"
+
+        @tool(speculate=True, pure=True)
+        async def score(x: int) -> int:
+            """Pure: depends only on its argument."""
+            bank._count("score")
+            await anyio.sleep(bank.latency)
+            return x * x + 1
+
+        return [record_effect, deposit, get_balance, lookup, check, measure, transfer,
+                account_balance, forecast, score]
 
 
 def fence(code: str) -> str:
     return f"```repl\n{code.strip()}\n```"
 
 
-def run_both(responses: list[str], tps: float = 40.0, latency: float = 0.02):
+def run_both(responses: list[str], tps: float = 40.0, latency: float = 0.02, **agent_kw):
     out = []
     for speculation in (False, True):
         bank = Bank(latency)
         agent = Agent(ReplayEngine(responses, tps), tools=bank.tools(), speculation=speculation,
-                      builtin_tools=False, max_turns=len(responses), capture_namespace=True)
+                      builtin_tools=False, max_turns=len(responses), capture_namespace=True,
+                      **agent_kw)
         out.append((agent.run_sync("task"), bank))
     return out
 
@@ -99,7 +132,7 @@ def assert_same(seq, spec) -> None:
     assert repr(r1.answer) == repr(r2.answer)
     assert [(t.output, t.error) for t in r1.turns] == [(t.output, t.error) for t in r2.turns]
     assert b1.effects == b2.effects
-    for name in ("record_effect", "deposit"):
+    for name in ("record_effect", "deposit", "transfer"):
         assert b1.invocations.get(name, 0) == b2.invocations.get(name, 0), name
     s = r2.stats
     assert s.launched == s.hits + s.wasted + s.retracted, s
@@ -198,6 +231,50 @@ def lookup_value(x: int) -> int:
     return (x * 7 + 3) % 101
 
 
+def early_claims(result, tool_name: str) -> tuple[int, int]:
+    """(claims served by an early call, claims that missed) of ``tool_name``."""
+    claims = [e.data for e in result.trace.events
+              if e.kind == "spec_claim" and e.data["tool"] == tool_name]
+    hits = sum(1 for c in claims if c["early_id"] is not None)
+    return hits, len(claims) - hits
+
+
+def launches(result, tool_name: str) -> int:
+    return sum(1 for e in result.trace.events
+               if e.kind == "spec_launch" and e.data["tool"] == tool_name)
+
+
+# -- effect scopes -------------------------------------------------------------------------
+
+def test_pure_calls_after_an_effect_are_launched_early():
+    code = "n = record_effect('start')\nscores = [score(i) for i in range(4)]\nFINAL([n, scores])"
+    seq, spec = run_both([fence(code)], latency=0.1)
+    assert_same(seq, spec)
+    assert spec[0].answer == [1, [1, 2, 5, 10]]
+    assert early_claims(spec[0], "score") == (4, 0)
+
+
+@pytest.mark.parametrize("effect, reader, early", [
+    ("transfer(5)", "forecast(3)", True),  # a read of a scope the effect does not write
+    ("transfer(5)", "account_balance()", False),  # a read of the scope it writes waits
+    ("transfer(5)", "get_balance()", False),  # an undeclared read waits for any effect
+    ("deposit(5)", "forecast(3)", False),  # an undeclared effect writes every scope
+    ("deposit(5)", "score(3)", True),  # a pure call crosses every effect
+])
+def test_a_read_after_an_effect_waits_only_for_an_overlapping_scope(effect, reader, early):
+    code = f"before = lookup(1)\ne = {effect}\nr = {reader}\nFINAL([before, e, r])"
+    seq, spec = run_both([fence(code)], latency=0.1)
+    assert_same(seq, spec)
+    name = reader.split("(")[0]
+    if early:
+        assert early_claims(spec[0], name) == (1, 0)
+    else:
+        assert launches(spec[0], name) == 0 and early_claims(spec[0], name) == (0, 1)
+    assert spec[0].answer[2] == seq[0].answer[2]
+    if name in ("account_balance", "get_balance"):
+        assert spec[0].answer[2] == 5  # the read saw the write
+
+
 # -- bounded waste -------------------------------------------------------------------------
 
 def test_unfinished_while_loop_launches_at_most_twice_the_calls():
@@ -224,6 +301,33 @@ def test_fully_parallel_loop_is_still_launched_ahead():
     assert_same(seq, spec)
     assert spec[0].stats.hits == 12
     assert spec[0].wall_s < seq[0].wall_s * 0.6
+
+
+@pytest.mark.parametrize("window", [4, 1])
+def test_loop_with_a_data_dependent_break_launches_at_most_the_window_ahead(window):
+    # lookup(i) takes longer than the whole block takes to stream, so every launch of the loop
+    # goes out before its first result is known: lookup(0..2) are used (17 > 15 breaks), and
+    # at most ``window`` more may have been launched ahead of the first unresolved one
+    code = ("found = None\nfor i in range(20):\n    d = lookup(i)\n    if d > 15:\n"
+            "        found = d\n        break\nFINAL(found)")
+    seq, spec = run_both([fence(code)], latency=1.0, speculation_window=window)
+    assert_same(seq, spec)
+    assert spec[0].answer == lookup_value(2)
+    stats = spec[0].stats
+    assert stats.launched - stats.hits <= window, stats
+
+
+def test_parallel_map_is_launched_whole_before_its_results_arrive():
+    code = ("out = []\nfor i in range(16):\n    out.append(lookup(i))\nn = len(out)\n"
+            "print('calls', n)\nFINAL(out)")
+    seq, spec = run_both([fence(code)], latency=1.0)
+    assert_same(seq, spec)
+    assert spec[0].stats.launched == 16 and spec[0].stats.hits == 16, spec[0].stats
+
+
+def test_speculation_window_is_checked():
+    with pytest.raises(ValueError, match="speculation_window must be an int >= 0, got -1"):
+        Agent(ReplayEngine(["x"]), speculation_window=-1)
 
 
 def test_waste_counts_do_not_depend_on_timing():

@@ -24,11 +24,12 @@ SAMPLES: dict[type, frames.Frame] = {frame.__class__: frame for frame in (
     frames.Fork("t", 3), frames.SetVar("x", [1], 4), frames.GetVar("x", 5), frames.Summary(6),
     frames.Extend("m:f", 7), frames.Exit(), frames.ToolResult(1, {"a": 1}),
     frames.ToolFailed(1, "ValueError", "ValueError", "bad"),
-    frames.Shadow(((0, 1, "x = 1\n"),), ("f",), 2.0), frames.EarlyResult(1, [1, 2]),
+    frames.Shadow(((0, 1, "x = 1\n"),), ("f", "g"), 2.0, (("g", ("a",)),), (("h", ()),)),
+    frames.EarlyResult(1, [1, 2]),
     frames.EarlyFailed(1, "boom"), frames.EarlyPoisoned(1, "cancelled"),
     frames.Hello(5, "fork", "t"), frames.Forked("t", 9), frames.Reply(1, True, {"v": 1}),
     frames.ToolCall(1, "f", (1,), {"k": 2}, 3), frames.ChildExit(9, 0, None),
-    frames.Launch(1, "f", (1,), {}, 2, (3,)), frames.ShadowDone(1, 0, 0, None),
+    frames.Launch(1, "f", (1,), {}, 2, (3,)), frames.ShadowDone(1, 0, 0, 2),
     frames.RefusedCall("f"),
 )}
 

@@ -24,6 +24,7 @@ from agentrt.tools import (
     tool,
 )
 from agentrt.llm_tools import make_llm_tools
+from agentrt.tools.scopes import ALL_SCOPES, overlaps
 
 
 @tool
@@ -62,6 +63,42 @@ def test_decorator_keeps_the_function_callable_and_records_options():
     assert (fetch.name, fetch.speculate, fetch.timeout, fetch.max_concurrency, fetch.is_async) == (
         "fetch_async", True, 5.0, 2, True)
     assert fetch.description == "Fetch a page."
+
+
+def test_effect_scopes_default_to_every_scope_and_declared_ones_are_kept():
+    def f(x: int) -> int:
+        return x
+
+    assert Tool(f, speculate=True).reads == ALL_SCOPES  # unannotated: waits for any effect
+    assert Tool(f).writes == ALL_SCOPES  # an effectful tool writes everything unless declared
+    pure = Tool(f, speculate=True, pure=True)
+    assert pure.pure and pure.reads == frozenset() and pure.writes == frozenset()
+    assert Tool(f, speculate=True, reads=["accounts", "fx"]).reads == {"accounts", "fx"}
+    assert Tool(f, writes={"accounts"}).writes == {"accounts"}
+    assert Tool(f, writes=set()).writes == frozenset()  # an effect no tool can observe
+    assert all(t.pure for t in make_llm_tools(ReplayEngine(["x"])))
+    assert overlaps(ALL_SCOPES, frozenset({"a"})) and overlaps(frozenset({"a", "b"}),
+                                                                frozenset({"b"}))
+    assert not overlaps(frozenset({"a"}), frozenset({"b"}))
+    assert not overlaps(ALL_SCOPES, frozenset())  # a pure read overlaps nothing
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"speculate": True, "pure": True, "reads": {"a"}}, "pure=True means it depends only"),
+    ({"speculate": True, "pure": True, "writes": {"a"}}, "pure=True means it depends only"),
+    ({"pure": True}, "pure=True needs speculate=True"),
+    ({"speculate": True, "writes": {"a"}}, "a speculatable tool may run early, so it must not"),
+    ({"reads": {"a"}}, "reads= applies to speculatable tools only"),
+    ({"speculate": True, "reads": "accounts"}, "reads= takes a set of scope names"),
+    ({"writes": 3}, "writes= takes a set of scope names"),
+    ({"speculate": True, "reads": {"a", 1}}, "scope names must be non-empty strings, got 1"),
+    ({"writes": {""}}, "scope names must be non-empty strings"),
+    ({"writes": {"*"}}, "'\\*' is reserved"),
+])
+def test_bad_effect_scopes_fail_at_decoration_naming_the_tool(options, message):
+    with pytest.raises(ToolDefinitionError, match=message) as info:
+        tool(name="transfer", **options)(lambda: None)
+    assert "'transfer'" in str(info.value)
 
 
 def test_unsupported_definitions_fail_at_decoration_with_clear_errors():
