@@ -23,6 +23,7 @@ from rlm.environments.base_env import extract_tool_value
 
 from agentrt.interpreter.protocol import NotPlainDataError, to_plain
 from agentrt.tools import Tool
+from agentrt.tools.scopes import ALL_SCOPES
 
 NAMES = ("llm_query", "llm_query_batched", "rlm_query", "rlm_query_batched")
 
@@ -76,8 +77,8 @@ class SubCalls:
         self._lock = threading.Lock()
         recursive = settings.subcall_fn is not None
         self.tools = {t.name: t for t in (  # without recursion, rlm_query is a plain completion
-            Tool(self._llm_query, name="llm_query", speculate=True),
-            Tool(self._llm_query_batched, name="llm_query_batched", speculate=True),
+            Tool(self._llm_query, name="llm_query", speculate=True, pure=True),
+            Tool(self._llm_query_batched, name="llm_query_batched", speculate=True, pure=True),
             Tool(self._rlm_query, name="rlm_query", speculate=not recursive),
             Tool(self._rlm_query_batched, name="rlm_query_batched", speculate=not recursive))}
 
@@ -206,10 +207,19 @@ def custom_tool(name: str, entry: Any) -> Tool | None:
         if isinstance(value, Tool):
             return Tool(value.func, name=name, speculate=value.speculate, timeout=value.timeout,
                         max_concurrency=value.max_concurrency,
-                        description=description or value.description)
+                        description=description or value.description, **_declared_scopes(value))
         return Tool(value, name=name, description=description)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"custom tool {name!r} cannot be an agentrt tool: {exc}") from None
+
+
+def _declared_scopes(tool: Tool) -> dict[str, Any]:
+    """The effect-scope arguments ``tool`` was declared with (none where it took the default)."""
+    if tool.pure:
+        return {"pure": True}
+    if tool.speculate:
+        return {} if tool.reads == ALL_SCOPES else {"reads": tool.reads}
+    return {} if tool.writes == ALL_SCOPES else {"writes": tool.writes}
 
 
 def plain_value(name: str, value: Any) -> Any:

@@ -323,3 +323,16 @@ def test_compaction_history_as_in_local():
         outputs[type(env).__name__] = seen
     assert outputs["AgentrtREPL"] == outputs["LocalREPL"] == ["0\n", "mine\n", "[]\n",
                                                               "so far\n"]
+
+
+def test_custom_tools_keep_their_effect_scopes():
+    from agentrt.integrations.rlm_tools import custom_tool
+    from agentrt.tools.scopes import ALL_SCOPES
+
+    def fn(x: int = 0) -> int:
+        return x
+
+    assert custom_tool("r", tool(fn, speculate=True, reads={"notes"})).reads == {"notes"}
+    assert custom_tool("w", tool(fn, writes={"notes"})).writes == {"notes"}
+    assert custom_tool("p", tool(fn, speculate=True, pure=True)).pure
+    assert custom_tool("q", tool(fn, speculate=True)).reads == ALL_SCOPES
