@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from child_signals import default_sigint
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -129,7 +130,8 @@ def test_ctrl_c_interrupts_the_run_promptly_and_keeps_its_trace(tmp_path, scenar
     script = tmp_path / "child.py"
     script.write_text(CHILD)
     child = subprocess.Popen([sys.executable, str(script), scenario], cwd=ROOT,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             preexec_fn=default_sigint)
     try:
         lines = _lines(child.stdout)
         _next_line(lines, "MARK", timeout=120)

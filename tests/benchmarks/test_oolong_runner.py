@@ -18,6 +18,7 @@ from benchmarks.oolong.server import Oracle, SimulatedSubModel
 from benchmarks.oolong.summary import bootstrap_ci, summarise
 from benchmarks.oolong.tasks import save_tasks
 from benchmarks.oolong.trajectories import trajectory
+from child_signals import default_sigint
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST = ["--engine", "replay", "--root-tps", "2000", "--sub-decode-tps", "3000", "--no-plot"]
@@ -269,7 +270,8 @@ def test_interrupted_run_keeps_finished_records_and_resumes(tmp_path):
                "--sub-base-url", f"{sub.url}/v1", "--out", str(out), "--repeats", "1",
                "--styles", "small", *FAST]
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                                preexec_fn=default_sigint)
         try:
             while not _record_paths(out):
                 assert proc.poll() is None, proc.communicate()
