@@ -263,13 +263,12 @@ def test_server_command_passes_spec_config_through(tmp_path):
 def test_agent_run_end_to_end_on_vllm(ngram, loop):
     """The agent loop on a live vLLM model: same answer with tool speculation on and off."""
     from agentrt import Agent
-    from agentrt.demo import EXAMPLE, REVIEWS, SYSTEM, TASK, make_tools
+    from agentrt.demo import REVIEWS, TASK, make_tools
 
     results = []
     for speculation in (False, True):
         agent = Agent(ngram, tools=make_tools(), builtin_tools=False, max_turns=2,
-                      speculation=speculation, system_prompt=SYSTEM, examples=EXAMPLE,
-                      sampling=SamplingParams(max_tokens=160))
+                      speculation=speculation, sampling=SamplingParams(max_tokens=160))
         results.append(loop.run_until_complete(agent.run(TASK, REVIEWS)))
     plain_run, spec_run = results
     assert plain_run.turns[0].blocks, plain_run.turns[0].response  # the model wrote code that ran
