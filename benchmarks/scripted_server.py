@@ -81,8 +81,6 @@ class ScriptedServer:
     def __post_init__(self) -> None:
         self._lock = threading.Condition()
         self._httpd = _Server(("127.0.0.1", 0), type("Handler", (_Handler,), {"owner": self}))
-        self._httpd.daemon_threads = True
-        self._thread: threading.Thread | None = None
 
     @property
     def url(self) -> str:
@@ -90,16 +88,11 @@ class ScriptedServer:
         return f"http://{host}:{port}/v1"
 
     def start(self) -> ScriptedServer:
-        self._thread = threading.Thread(target=self._httpd.serve_forever,
-                                        kwargs={"poll_interval": 0.05}, daemon=True)
-        self._thread.start()
+        self._httpd.serve_in_background()
         return self
 
     def stop(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        self._httpd.stop_serving()
 
     def __enter__(self) -> ScriptedServer:
         return self.start()

@@ -361,8 +361,6 @@ class SimulatedSubModel:
         self.requests = 0
         handler = type("Handler", (_Handler,), {"server_model": self})
         self._httpd = _Server((host, port), handler)
-        self._httpd.daemon_threads = True
-        self._thread: threading.Thread | None = None
 
     @property
     def url(self) -> str:
@@ -375,16 +373,11 @@ class SimulatedSubModel:
         return self._engine.sim.peak_decoding
 
     def start(self) -> SimulatedSubModel:
-        self._thread = threading.Thread(target=self._httpd.serve_forever,
-                                        kwargs={"poll_interval": 0.05}, daemon=True)
-        self._thread.start()
+        self._httpd.serve_in_background()
         return self
 
     def stop(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        self._httpd.stop_serving()
         self._engine.stop()
 
     def __enter__(self) -> SimulatedSubModel:
@@ -425,7 +418,24 @@ class SimulatedSubModel:
 
 
 class _Server(ThreadingHTTPServer):
+    """The HTTP server of both loopback servers (this one and `benchmarks.scripted_server`)."""
+
     request_queue_size = 256
+    daemon_threads = True
+    _serving: threading.Thread | None = None
+
+    def serve_in_background(self) -> None:
+        """Serve on a daemon thread until `stop_serving`."""
+        self._serving = threading.Thread(target=self.serve_forever,
+                                         kwargs={"poll_interval": 0.05}, daemon=True)
+        self._serving.start()
+
+    def stop_serving(self) -> None:
+        """Stop serving, close the socket and wait for the serving thread."""
+        self.shutdown()
+        self.server_close()
+        if self._serving is not None:
+            self._serving.join(timeout=5)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         if not isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
