@@ -4,8 +4,6 @@ on ``sys.path`` so that helpers such as ``fake_openai_server`` import by name.""
 
 from __future__ import annotations
 
-import gc
-
 import pytest
 
 
@@ -14,11 +12,3 @@ def anyio_backend() -> str:
     """Every async test runs on asyncio (the runtime's REPL needs it)."""
     return "asyncio"
 
-
-@pytest.fixture
-def collect_rlm_clients():
-    """rlms builds OpenAI async clients it never closes; when one is collected, its finaliser
-    schedules the close on whichever event loop is running then, a later test's. Collect them
-    right after the test that made them, when no loop runs."""
-    yield
-    gc.collect()

@@ -194,7 +194,6 @@ def test_served_root_through_the_same_runner(tmp_path):
     assert summary["few_shot"] == 0 and "cannot reset" in summary["isolation"]
 
 
-@pytest.mark.usefixtures("collect_rlm_clients")
 def test_rlm_harness_and_the_peer_through_the_runner(tmp_path):
     """``--harness rlm``: the stock RLM library drives the root, its own REPL (``local``, the
     base) beside agentrt's; ``--peer``: spec-ptc on the same trajectories, pace and sub-model."""

@@ -18,8 +18,6 @@ from benchmarks.oolong.rlm_harness import (  # noqa: E402
 from benchmarks.oolong.scoring import score  # noqa: E402
 from benchmarks.oolong.server import MODEL_NAME, LatencyModel, Oracle, SimulatedSubModel  # noqa: E402
 
-pytestmark = pytest.mark.usefixtures("collect_rlm_clients")
-
 FAST = LatencyModel(prefill_tokens_per_s=1e6, ttft_overhead_s=0.0, decode_tokens_per_s=4000)
 
 

@@ -18,8 +18,6 @@ from agentrt.interpreter.repl import ReplLimits  # noqa: E402
 from agentrt.trace import Trace  # noqa: E402
 from benchmarks.scripted_server import SUB_MODEL, ScriptedServer, WaitForSubCalls  # noqa: E402
 
-pytestmark = pytest.mark.usefixtures("collect_rlm_clients")
-
 CONTEXT = "alpha beta gamma delta epsilon zeta eta theta"
 
 LABEL = """I will ask the sub-model about each word.
