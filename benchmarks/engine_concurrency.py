@@ -24,21 +24,32 @@ native systems then run three prefix / priority scenarios:
 
 vLLM systems (``vllm``, ``vllm-spec``, in the vLLM virtualenv) take part in the concurrency
 table; the scenarios use native-engine metrics and run on the native systems only.
+
+With several systems, each runs alone in a child process of its own (one after another, same
+prompts, threads and warm-up): engines sharing a process, or running at once, slow each other's
+thread pools and make the comparison an artefact of the mix.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from agentrt.demo import REVIEWS
 
-from .engine_common import VLLM_SYSTEMS, load_prompts, write_results
+from .engine_common import HERE, VLLM_SYSTEMS, load_prompts, write_results
+
+ROOT = HERE.parent
 
 NATIVE = ("plain", "ngram", "suffix", "draft")
 RULES = "\n".join(f"Rule {i}: when the input mentions item {i}, answer with the code word "
@@ -217,75 +228,163 @@ async def root_with_subqueries(engine, root: list[dict], max_tokens: int,
             "subqueries_done": sum(r.tokens > 0 for r in sub_results)}
 
 
+PREFIX_SCENARIOS = True
+"""Whether a single native system runs the prefix scenarios (off in the children for all but
+the first native system of a multi-system run)."""
+
+
 def run(args, systems: list[str], sets: list[str], make_engine) -> int:
     """The concurrency suite (``--concurrency``) for ``systems`` on the prompt ``sets``; writes
     results like the main benchmark. ``make_engine(system, loop, **options)`` builds a system's
-    engine on the suite's event loop (``options``: more `NativeConfig` fields)."""
+    engine on the suite's event loop (``options``: more `NativeConfig` fields).
+
+    One system runs here, in this process. Several run one after another, each alone in a child
+    process of its own (same prompts, threads and warm-up), so no system's threads compete with
+    another's engine; the prefix scenarios run once, with the first native system."""
     levels = sorted({int(c) for c in args.concurrency.split(",") if c.strip()})
     if not levels or levels[0] < 1:
         print("engine bench: --concurrency needs positive integers, e.g. 1,2,4,8,16", file=sys.stderr)
         return 2
     systems = [s for s in systems if s in (*NATIVE, *VLLM_SYSTEMS)]
+    if not systems:
+        print(f"engine bench: --concurrency runs {', '.join((*NATIVE, *VLLM_SYSTEMS))}; "
+              "none of those was asked for", file=sys.stderr)
+        return 2
+    failed: dict[str, str] = {}
+    if len(systems) == 1:
+        results = run_here(args, systems[0], sets, levels, make_engine,
+                           prefix_scenarios=PREFIX_SCENARIOS)
+        isolation = "one system, alone in this process"
+    else:
+        prefix_system = next((s for s in systems if s in NATIVE), None)
+        results = {"levels": {}, "scenarios": {}, "processes": {}}
+        for system in systems:
+            try:
+                child = run_in_child(args, system, prefix_scenarios=system == prefix_system)
+            except BenchChildError as exc:
+                print(f"engine bench: {exc}", file=sys.stderr)
+                failed[system] = str(exc)
+                continue
+            for key in results:
+                results[key].update(child[key])
+        isolation = "each system alone in a child process of its own, one after another"
+    meta = {"time": time.strftime("%Y-%m-%d %H:%M:%S"), "model": args.model, "dtype": args.dtype,
+            "threads": args.threads, "max_tokens": args.max_tokens, "levels": levels,
+            "systems": systems, "sets": sets, "isolation": isolation, "failed": failed}
+    md = markdown(results, meta)
+    print(md)
+    write_results({"meta": meta, "results": results}, md, args.out)
+    return 1 if failed else 0
+
+
+def run_here(args, system: str, sets: list[str], levels: list[int], make_engine,
+             prefix_scenarios: bool) -> dict[str, Any]:
+    """One system's concurrency table (and, for a native system, its scenarios) in this
+    process: ``{"levels": {...}, "scenarios": {...}, "processes": {system: pid}}``."""
     prompts = [(f"{name}/{row['id']}", row["messages"]) for name, row in
                load_prompts(sets, args.limit)]
     loop = asyncio.new_event_loop()
-    results: dict[str, Any] = {"levels": {}, "scenarios": {}}
+    results: dict[str, Any] = {"levels": {}, "scenarios": {}, "processes": {system: os.getpid()}}
     try:
-        for system in systems:
-            engine = make_engine(system, loop)
-            try:
-                loop.run_until_complete(run_level(engine, prompts[:1], 1, 8))  # warm-up
-                table = [loop.run_until_complete(run_solo(engine, prompts[:max(levels)],
-                                                          args.max_tokens))]
-                for c in levels:
-                    level = table[0] if c == 1 else loop.run_until_complete(
-                        run_level(engine, prompts, c, args.max_tokens))
-                    if c != 1:
-                        table.append(level)
-                    print(f"{system:10s} c={c:2d} {level['aggregate_decode_tok_s']:7.1f} decode tok/s "
-                          f"latency {level['mean_latency_s']:6.2f}s", file=sys.stderr)
-                solo = {r["prompt_id"]: r for r in table[0]["requests"]}
-                table = [lv for lv in table if lv["concurrency"] in levels]
-                for level in table:
-                    mine = level["requests"]
-                    level["same_as_solo"] = (
-                        f"{sum(r['text'] == solo[r['prompt_id']]['text'] for r in mine)}/{len(mine)}")
-                    # one request at a time on the same prompts: their tokens over their solo time
-                    alone = [solo[r["prompt_id"]] for r in mine]
-                    alone_rate = sum(a["tokens"] for a in alone) / sum(a["total_s"] for a in alone)
-                    alone_decode = (sum(max(a["tokens"] - 1, 0) for a in alone)
-                                    / sum(a["decode_s"] for a in alone))
-                    level["x_one"] = level["aggregate_tok_s"] / alone_rate
-                    level["decode_x_one"] = level["aggregate_decode_tok_s"] / alone_decode
-                results["levels"][system] = table
-                if system in NATIVE:
-                    results["levels"][system + ":batch"] = engine.batch_metrics().to_dict() | {
-                        "timeline": None}
-                    root = prompts[0][1]
-                    results["scenarios"][system] = {
-                        "root_with_8_subqueries": loop.run_until_complete(
-                            root_with_subqueries(engine, root, args.max_tokens))}
-            finally:
-                loop.run_until_complete(engine.aclose())
-            if system == next(s for s in systems if s in NATIVE):  # prefix scenarios: once
-                def factory(prefix_cache: bool, system=system):
-                    return make_engine(system, loop, prefix_cache=prefix_cache)
-                scen = results["scenarios"][system]
-                scen["multi_turn"] = loop.run_until_complete(multi_turn(factory, args.max_tokens))
-                scen["shared_prefix_16"] = loop.run_until_complete(
-                    shared_prefix(factory, min(args.max_tokens, 16)))
-                scen["agent_rlm"] = loop.run_until_complete(agent_run(lambda: factory(True)))
+        engine = make_engine(system, loop)
+        try:
+            loop.run_until_complete(run_level(engine, prompts[:1], 1, 8))  # warm-up
+            table = [loop.run_until_complete(run_solo(engine, prompts[:max(levels)],
+                                                      args.max_tokens))]
+            for c in levels:
+                level = table[0] if c == 1 else loop.run_until_complete(
+                    run_level(engine, prompts, c, args.max_tokens))
+                if c != 1:
+                    table.append(level)
+                print(f"{system:10s} c={c:2d} {level['aggregate_decode_tok_s']:7.1f} decode tok/s "
+                      f"latency {level['mean_latency_s']:6.2f}s", file=sys.stderr)
+            solo = {r["prompt_id"]: r for r in table[0]["requests"]}
+            table = [lv for lv in table if lv["concurrency"] in levels]
+            for level in table:
+                mine = level["requests"]
+                level["same_as_solo"] = (
+                    f"{sum(r['text'] == solo[r['prompt_id']]['text'] for r in mine)}/{len(mine)}")
+                # one request at a time on the same prompts: their tokens over their solo time
+                alone = [solo[r["prompt_id"]] for r in mine]
+                level["x_one"] = _ratio(level["aggregate_tok_s"] * sum(a["total_s"] for a in alone),
+                                        sum(a["tokens"] for a in alone))
+                level["decode_x_one"] = _ratio(
+                    level["aggregate_decode_tok_s"] * sum(a["decode_s"] for a in alone),
+                    sum(max(a["tokens"] - 1, 0) for a in alone))
+            results["levels"][system] = table
+            if system in NATIVE:
+                results["levels"][system + ":batch"] = engine.batch_metrics().to_dict() | {
+                    "timeline": None}
+                root = prompts[0][1]
+                results["scenarios"][system] = {
+                    "root_with_8_subqueries": loop.run_until_complete(
+                        root_with_subqueries(engine, root, args.max_tokens))}
+        finally:
+            loop.run_until_complete(engine.aclose())
+        if system in NATIVE and prefix_scenarios:
+            def factory(prefix_cache: bool):
+                return make_engine(system, loop, prefix_cache=prefix_cache)
+            scen = results["scenarios"][system]
+            scen["multi_turn"] = loop.run_until_complete(multi_turn(factory, args.max_tokens))
+            scen["shared_prefix_16"] = loop.run_until_complete(
+                shared_prefix(factory, min(args.max_tokens, 16)))
+            scen["agent_rlm"] = loop.run_until_complete(agent_run(lambda: factory(True)))
     finally:
         with contextlib.suppress(Exception):
             loop.run_until_complete(loop.shutdown_asyncgens())
         loop.close()
-    meta = {"time": time.strftime("%Y-%m-%d %H:%M:%S"), "model": args.model, "dtype": args.dtype,
-            "threads": args.threads, "max_tokens": args.max_tokens, "levels": levels,
-            "systems": systems, "sets": sets}
-    md = markdown(results, meta)
-    print(md)
-    write_results({"meta": meta, "results": results}, md, args.out)
-    return 0
+    return results
+
+
+def _ratio(num: float, den: float) -> float:
+    """``num / den``, NaN when ``den`` is 0 (e.g. replies of one streamed delta)."""
+    return num / den if den else float("nan")
+
+
+class BenchChildError(RuntimeError):
+    """A system's child process failed or wrote no results."""
+
+
+def run_in_child(args, system: str, prefix_scenarios: bool) -> dict[str, Any]:
+    """Run ``system`` alone through ``python -m benchmarks.engine_concurrency`` (the engine
+    benchmark's own command line, one system) and return its results. Its progress goes to
+    this process's stderr; its table is dropped (this process prints the merged one)."""
+    with tempfile.TemporaryDirectory(prefix="engine-concurrency-") as out:
+        overrides = {"systems": system, "out": out}
+        command = [sys.executable, "-m", "benchmarks.engine_concurrency",
+                   "--prefix-scenarios" if prefix_scenarios else "--no-prefix-scenarios",
+                   *bench_argv(args, overrides)]
+        print(f"engine bench: {system} in its own process", file=sys.stderr)
+        done = subprocess.run(command, cwd=ROOT, stdout=subprocess.DEVNULL, check=False)
+        found = sorted(Path(out).glob("engine-*.json"))
+        if done.returncode != 0 or not found:
+            raise BenchChildError(f"{system}: its process exited with status {done.returncode}"
+                                  + ("" if found else " and wrote no results"))
+        return json.loads(found[-1].read_text())["results"]
+
+
+def bench_argv(args, overrides: dict[str, Any]) -> list[str]:
+    """The engine benchmark's command line for ``args`` (its parsed options), with
+    ``overrides`` replacing some of them."""
+    argv: list[str] = []
+    for name, value in (vars(args) | overrides).items():
+        flag = "--" + name.replace("_", "-")
+        if value is True:
+            argv.append(flag)
+        elif value is not None and value is not False:
+            argv += [flag, str(value)]
+    return argv
+
+
+def child_main(argv: list[str]) -> int:
+    """Entry of a system's child process: ``[--prefix-scenarios|--no-prefix-scenarios]
+    <engine benchmark options>``."""
+    global PREFIX_SCENARIOS
+    from . import engine_bench
+
+    if argv and argv[0] in ("--prefix-scenarios", "--no-prefix-scenarios"):
+        PREFIX_SCENARIOS = argv.pop(0) == "--prefix-scenarios"
+    return engine_bench.main(argv)
 
 
 def markdown(results: dict, meta: dict) -> str:
@@ -386,3 +485,9 @@ async def agent_run(engine_factory) -> dict[str, Any]:
     out["same_answer"] = out["sequential"]["answer"] == out["speculative"]["answer"]
     out["speedup"] = out["sequential"]["wall_s"] / out["speculative"]["wall_s"]
     return out
+
+
+if __name__ == "__main__":
+    from benchmarks import engine_concurrency  # the module engine_bench uses, not this __main__
+
+    sys.exit(engine_concurrency.child_main(sys.argv[1:]))

@@ -1,0 +1,90 @@
+"""`benchmarks.engine_concurrency`: the concurrency suite's system list and its per-process runs.
+
+The vLLM runs themselves are in tests/engine/test_vllm_engine.py (vllm-marked)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+
+import pytest
+
+from benchmarks import engine_concurrency
+
+
+def _args(tmp_path, **over) -> argparse.Namespace:
+    values = dict(engine="vllm", model="smollm2-135m", dtype="bf16", device="cpu", max_tokens=12,
+                  limit=1, sets="agent_code", systems=None, drafter_config=None, base_url=None,
+                  served_model=None, k="auto", threads=1, gguf=None, out=str(tmp_path),
+                  synthetic=False, concurrency="1,2")
+    return argparse.Namespace(**(values | over))
+
+
+def _results(out) -> dict:
+    (json_file,) = out.glob("engine-*.json")
+    return json.loads(json_file.read_text())
+
+
+def test_a_list_without_a_native_system_runs_and_reports(tmp_path, capsys):
+    """Only a vLLM system asked for: its table is printed and written (the suite used to look
+    for the first native system and died with StopIteration). A native engine stands in for
+    vLLM here (not installed in this environment); the real one runs in the vllm-marked test."""
+    from agentrt.engine import NativeEngine, models
+
+    path = models.ensure("smollm2-135m", "bf16")
+    built = []
+
+    def make_engine(system, loop, **options):
+        built.append((system, options))
+        return NativeEngine(model=str(path), dtype="bf16", threads=1, max_seq_len=2048)
+
+    code = engine_concurrency.run(_args(tmp_path), ["vllm"], ["agent_code"], make_engine)
+    assert code == 0
+    assert built == [("vllm", {})]  # no prefix-scenario engines: those are for native systems
+    results = _results(tmp_path)
+    assert results["meta"]["systems"] == ["vllm"] and results["meta"]["failed"] == {}
+    table = results["results"]["levels"]["vllm"]
+    assert [lv["concurrency"] for lv in table] == [1, 2]
+    assert all(lv["tokens"] > 0 and lv["aggregate_decode_tok_s"] > 0 for lv in table)
+    assert results["results"]["scenarios"] == {}
+    assert "| vllm | 2 |" in capsys.readouterr().out
+
+
+def test_no_runnable_system_is_a_clear_error(tmp_path, capsys):
+    code = engine_concurrency.run(_args(tmp_path), ["llamacpp"], ["agent_code"], None)
+    assert code == 2
+    assert "none of those was asked for" in capsys.readouterr().err
+    assert not list(tmp_path.glob("engine-*"))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
+def test_each_system_runs_in_a_child_and_failures_are_reported(tmp_path, capfd):
+    """Two systems: each runs in a child process of its own; here both fail (no vLLM), and
+    the run says which and why, writes what it has and exits 1."""
+    code = engine_concurrency.run(_args(tmp_path), ["vllm", "vllm-spec"], ["agent_code"], None)
+    assert code == 1
+    err = capfd.readouterr().err
+    assert "vllm in its own process" in err and "vllm-spec in its own process" in err
+    assert "VLLMEngine needs vLLM" in err  # the child's own message, passed through
+    meta = _results(tmp_path)["meta"]
+    assert set(meta["failed"]) == {"vllm", "vllm-spec"}
+    assert "exited with status 2" in meta["failed"]["vllm"]
+
+
+@pytest.mark.slow
+def test_native_systems_run_alone_each_in_its_own_process(tmp_path):
+    """`plain,ngram`: two child processes, distinct from this one; the prefix scenarios run
+    once, with the first native system."""
+    import os
+
+    code = engine_concurrency.run(_args(tmp_path, engine="native"), ["plain", "ngram"],
+                                  ["agent_code"], None)
+    assert code == 0
+    results = _results(tmp_path)["results"]
+    pids = results["processes"]
+    assert set(pids) == {"plain", "ngram"} and len(set(pids.values())) == 2
+    assert os.getpid() not in pids.values()
+    assert set(results["levels"]) >= {"plain", "ngram"}
+    assert "multi_turn" in results["scenarios"]["plain"]
+    assert "multi_turn" not in results["scenarios"]["ngram"]
