@@ -2,7 +2,8 @@
 
 The chat is rendered with the model's own chat template (its tokenizer) and sent as token ids;
 vLLM's ``speculative_config`` is passed through unchanged (ngram, suffix, draft model, EAGLE-3,
-MTP: whatever the installed vLLM accepts). Per-generation `DecodeMetrics` come from vLLM's
+MTP: whatever the installed vLLM accepts); an ``eagle3`` head in a local directory is checked
+against the target first (`checked_speculative_config`). Per-generation `DecodeMetrics` come from vLLM's
 per-request spec-decode metrics (exact per request, turned on by default here); when those are
 off, from the difference of vLLM's global counters before and after the request (exact only
 when requests are not concurrent).
@@ -51,7 +52,9 @@ class VLLMEngine(BaseEngine):
 
     ``model``: a model directory, a name `agentrt.engine.models` knows (``"smollm2-135m"``), or
     anything vLLM resolves itself. ``dtype``: ``"fp32" | "bf16" | "fp16" | "auto"`` or vLLM's
-    names. ``speculative_config``: vLLM's dict, as is (None: no drafter).
+    names. ``speculative_config``: vLLM's dict (None: no drafter); ``{"method": "eagle3",
+"model": <head dir>, "num_speculative_tokens": k}`` runs a draft head saved in the EAGLE-3
+layout (`eagle3_layout`), checked against the target before vLLM starts.
     ``per_request_spec_metrics``: vLLM's per-request metrics level used for exact per-generation
     `DecodeMetrics` (``"detailed"``, ``"summary"`` or ``"none"``). ``engine_kwargs`` go to
     ``AsyncEngineArgs`` unchanged (``gpu_memory_utilization``, ``seed``, ...).
@@ -81,7 +84,7 @@ class VLLMEngine(BaseEngine):
             raise VLLMNotInstalled(f"{INSTALL_HINT} ({exc})") from exc
 
         self.model_path = resolve_model(model, dtype)
-        self.speculative_config = dict(speculative_config) if speculative_config else None
+        self.speculative_config = checked_speculative_config(speculative_config, self.model_path)
         if self.speculative_config is not None:  # vLLM refuses the option without a drafter
             engine_kwargs.setdefault("per_request_spec_decode_metrics", per_request_spec_metrics)
         # Without per-request numbers, a generation's share is read off the global counters.
@@ -263,6 +266,37 @@ def resolve_model(model: str | os.PathLike[str], dtype: str = "auto") -> str:
     return name
 
 
+def checked_speculative_config(
+    config: Mapping[str, Any] | None, model_path: str
+) -> dict[str, Any] | None:
+    """vLLM's ``speculative_config`` as a dict, with an ``eagle3`` head checked first.
+
+    For ``{"method": "eagle3"}`` the head directory (``"model"``; by default the target's
+    ``drafters/eagle`` next to its pulled weights) is checked against the target's config
+    (`eagle3_layout.check_head`): a head that does not fit raises `HeadLayoutError` naming
+    what is wrong before vLLM starts. Other methods, and heads vLLM resolves itself (a hub
+    name), pass through unchanged."""
+    if not config:
+        return None
+    config = dict(config)
+    if config.get("method") != "eagle3" or not Path(model_path).is_dir():
+        return config
+    if config.get("model") is None:
+        default = Path(model_path).parent / "drafters" / "eagle"
+        if not default.is_dir():
+            raise EngineError(
+                f"speculative_config {{'method': 'eagle3'}} names no head and {default} does "
+                "not exist: train one for this model or pass its directory as 'model'")
+        config["model"] = str(default)
+    head = Path(str(config["model"])).expanduser()
+    if head.is_dir():
+        from .eagle3_layout import check_head
+
+        check_head(head, model_path)
+        config["model"] = str(head)
+    return config
+
+
 class VLLMServer:
     """vLLM's OpenAI-compatible server in a child process on 127.0.0.1, for `OpenAIEngine`.
 
@@ -291,7 +325,7 @@ class VLLMServer:
         self.served_model_name = served_model_name
         self.dtype = DTYPE_ALIASES.get(dtype, dtype)
         self.max_model_len = max_model_len
-        self.speculative_config = dict(speculative_config) if speculative_config else None
+        self.speculative_config = checked_speculative_config(speculative_config, self.model_path)
         self.enforce_eager = enforce_eager
         self.host = "127.0.0.1"
         self.port = port or _free_port()
