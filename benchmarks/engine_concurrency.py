@@ -251,6 +251,7 @@ def run(args, systems: list[str], sets: list[str], make_engine) -> int:
               "none of those was asked for", file=sys.stderr)
         return 2
     failed: dict[str, str] = {}
+    load_before = os.getloadavg()
     if len(systems) == 1:
         results = run_here(args, systems[0], sets, levels, make_engine,
                            prefix_scenarios=PREFIX_SCENARIOS)
@@ -270,7 +271,9 @@ def run(args, systems: list[str], sets: list[str], make_engine) -> int:
         isolation = "each system alone in a child process of its own, one after another"
     meta = {"time": time.strftime("%Y-%m-%d %H:%M:%S"), "model": args.model, "dtype": args.dtype,
             "threads": args.threads, "max_tokens": args.max_tokens, "levels": levels,
-            "systems": systems, "sets": sets, "isolation": isolation, "failed": failed}
+            "systems": systems, "sets": sets, "isolation": isolation, "failed": failed,
+            "load_avg_before_after": [load_before[0], os.getloadavg()[0]],
+            "vllm_cpu_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("VLLM_CPU_")}}
     md = markdown(results, meta)
     print(md)
     write_results({"meta": meta, "results": results}, md, args.out)
@@ -387,10 +390,17 @@ def child_main(argv: list[str]) -> int:
     return engine_bench.main(argv)
 
 
+def fmt_load(meta: dict) -> str:
+    """The run's 1-minute load average before and after, as text."""
+    load = meta.get("load_avg_before_after")
+    return f"{load[0]:.1f} before, {load[1]:.1f} after" if load else "not recorded"
+
+
 def markdown(results: dict, meta: dict) -> str:
     lines = [f"# Engine benchmark under concurrency ({meta['time']})", "",
              f"model `{meta['model']}` {meta['dtype']}, torch threads {meta['threads']}, "
-             f"max_tokens {meta['max_tokens']}, greedy; sets {', '.join(meta['sets'])}.", "",
+             f"max_tokens {meta['max_tokens']}, greedy; sets {', '.join(meta['sets'])}; "
+             f"{meta.get('isolation', '')}; 1-minute load average {fmt_load(meta)}.", "",
              "| system | c | aggregate decode tok/s | x one request | aggregate tok/s (with prefill) "
              "| x one request | mean latency s | mean TTFT s | per-request decode tok/s | same as c=1 |",
              "|---|---|---|---|---|---|---|---|---|---|"]
@@ -402,6 +412,7 @@ def markdown(results: dict, meta: dict) -> str:
                          f"{lv['decode_x_one']:.2f} | {lv['aggregate_tok_s']:.1f} | "
                          f"{lv['x_one']:.2f} | {lv['mean_latency_s']:.2f} | {lv['mean_ttft_s']:.2f} | "
                          f"{lv['mean_request_decode_tok_s']:.1f} | {lv['same_as_solo']} |")
+    lines += [f"- **{system} failed**: {why}" for system, why in meta.get("failed", {}).items()]
     lines.append("")
     for system, scen in results["scenarios"].items():
         lines += [f"## {system}: prefixes and priority", ""]
