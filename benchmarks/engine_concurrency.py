@@ -358,7 +358,9 @@ def run_in_child(args, system: str, prefix_scenarios: bool) -> dict[str, Any]:
                    "--prefix-scenarios" if prefix_scenarios else "--no-prefix-scenarios",
                    *bench_argv(args, overrides)]
         print(f"engine bench: {system} in its own process", file=sys.stderr)
-        done = subprocess.run(command, cwd=ROOT, stdout=subprocess.DEVNULL, check=False)
+        path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+        done = subprocess.run(command, env={**os.environ, "PYTHONPATH": path},
+                              stdout=subprocess.DEVNULL, check=False)
         found = sorted(Path(out).glob("engine-*.json"))
         if done.returncode != 0 or not found:
             raise BenchChildError(f"{system}: its process exited with status {done.returncode}"

@@ -235,7 +235,8 @@ def _config_problems(config: Mapping[str, Any], target: Mapping[str, Any]) -> li
     name = config.get("agentrt", {}).get("target", "?")
     if config["target_hidden_size"] != target_hidden:
         problems.append(f"the head was made for a target of hidden size "
-                        f"{config['target_hidden_size']} ({name}), this target's is {target_hidden}")
+                        f"{config['target_hidden_size']} ({name}), "
+                        f"this target's is {target_hidden}")
     if config["hidden_size"] != target_hidden:
         problems.append(f"hidden_size {config['hidden_size']} differs from the target's "
                         f"{target_hidden} (the head shares the target's embedding)")

@@ -3,10 +3,10 @@
 The chat is rendered with the model's own chat template (its tokenizer) and sent as token ids;
 vLLM's ``speculative_config`` is passed through unchanged (ngram, suffix, draft model, EAGLE-3,
 MTP: whatever the installed vLLM accepts); an ``eagle3`` head in a local directory is checked
-against the target first (`checked_speculative_config`). Per-generation `DecodeMetrics` come from vLLM's
-per-request spec-decode metrics (exact per request, turned on by default here); when those are
-off, from the difference of vLLM's global counters before and after the request (exact only
-when requests are not concurrent).
+against the target first (`checked_speculative_config`). Per-generation `DecodeMetrics` come
+from vLLM's per-request spec-decode metrics (exact per request, turned on by default here);
+when those are off, from the difference of vLLM's global counters before and after the request
+(exact only when requests are not concurrent).
 
 vLLM is imported when an engine is built, so this module imports without it. vLLM's engine core
 runs in a spawned process: scripts that build a `VLLMEngine` need an ``if __name__ == "__main__"``

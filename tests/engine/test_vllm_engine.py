@@ -400,6 +400,15 @@ def _eagle_engine(model_dir, head):
         "method": "eagle3", "model": str(head), "num_speculative_tokens": EAGLE_K})
 
 
+def _eagle_reply(model_dir, head, loop):
+    """The eagle3 engine's greedy reply to the copy prompt (the engine is closed after)."""
+    engine = _eagle_engine(model_dir, head)
+    try:
+        return loop.run_until_complete(complete(engine, COPY_PROMPT, GREEDY))
+    finally:
+        loop.run_until_complete(engine.aclose())
+
+
 def _constant_drafts(tokens: list[int], token: int, k: int) -> tuple[int, int]:
     """Drafts and accepted tokens of a drafter that always proposes ``token`` k times, walked
     over the greedy output ``tokens`` (the first comes from the prefill)."""
@@ -422,11 +431,7 @@ def test_eagle3_head_runs_on_vllm_cpu_and_is_lossless(model_dir, reference, loop
     from eagle3_heads import random_head
 
     head = random_head(tmp_path / "eagle", model_dir)
-    engine = _eagle_engine(model_dir, head)
-    try:
-        spec = loop.run_until_complete(complete(engine, COPY_PROMPT, GREEDY))
-    finally:
-        loop.run_until_complete(engine.aclose())
+    spec = _eagle_reply(model_dir, head, loop)
     assert spec.token_ids == reference.token_ids
     assert spec.text == reference.text
     metrics = spec.metrics
@@ -459,11 +464,7 @@ def test_eagle3_head_drafts_through_d2t(model_dir, reference, loop, tmp_path):
     tensors["d2t"], tensors["t2d"] = eagle3_layout.vocab_maps(ids.sort().values, config["vocab_size"])
     eagle3_layout.write_head(head, config, tensors)
 
-    engine = _eagle_engine(model_dir, head)
-    try:
-        spec = loop.run_until_complete(complete(engine, COPY_PROMPT, GREEDY))
-    finally:
-        loop.run_until_complete(engine.aclose())
+    spec = _eagle_reply(model_dir, head, loop)
     assert spec.token_ids == reference.token_ids
     drafts, accepted = _constant_drafts(tokens, token, EAGLE_K)
     metrics = spec.metrics
