@@ -289,6 +289,8 @@ def checked_speculative_config(
                 "not exist: train one for this model or pass its directory as 'model'")
         config["model"] = str(default)
     head = Path(str(config["model"])).expanduser()
+    if str(config["model"]).startswith(("/", "~", "./", "../")) and not head.is_dir():
+        raise EngineError(f"speculative_config: the eagle3 head directory {head} does not exist")
     if head.is_dir():
         from .eagle3_layout import check_head
 

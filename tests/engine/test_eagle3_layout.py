@@ -176,6 +176,11 @@ def test_vllm_configs_check_an_eagle3_head_before_vllm_starts(head, target_dir, 
     (same / "drafters" / "eagle").symlink_to(head)
     found = checked_speculative_config({"method": "eagle3"}, str(same / "fp32"))
     assert found["model"] == str(same / "drafters" / "eagle")
+    with pytest.raises(EngineError, match="eagle3 head directory .*/nowhere does not exist"):
+        checked_speculative_config({"method": "eagle3", "model": str(tmp_path / "nowhere")},
+                                   target_dir)
+    hub = {"method": "eagle3", "model": "someone/EAGLE3-head"}  # for vLLM to resolve
+    assert checked_speculative_config(hub, target_dir) == hub
     # other methods pass through untouched
     assert checked_speculative_config({"method": "ngram", "model": "x"}, target_dir) == {
         "method": "ngram", "model": "x"}
