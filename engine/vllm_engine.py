@@ -53,8 +53,8 @@ class VLLMEngine(BaseEngine):
     ``model``: a model directory, a name `agentrt.engine.models` knows (``"smollm2-135m"``), or
     anything vLLM resolves itself. ``dtype``: ``"fp32" | "bf16" | "fp16" | "auto"`` or vLLM's
     names. ``speculative_config``: vLLM's dict (None: no drafter); ``{"method": "eagle3",
-"model": <head dir>, "num_speculative_tokens": k}`` runs a draft head saved in the EAGLE-3
-layout (`eagle3_layout`), checked against the target before vLLM starts.
+    "model": <head dir>, "num_speculative_tokens": k}`` runs a draft head saved in the EAGLE-3
+    layout (`eagle3_layout`), checked against the target before vLLM starts.
     ``per_request_spec_metrics``: vLLM's per-request metrics level used for exact per-generation
     `DecodeMetrics` (``"detailed"``, ``"summary"`` or ``"none"``). ``engine_kwargs`` go to
     ``AsyncEngineArgs`` unchanged (``gpu_memory_utilization``, ``seed``, ...).
