@@ -6,7 +6,7 @@ Two halves:
 * **Runtime side** (:func:`plan_jail`, :func:`bwrap_command`): the root worker is started
   under bubblewrap with new user, PID, network, IPC, UTS and cgroup namespaces, an empty
   environment, no capabilities, and a filesystem of its own: an empty root holding only
-  read-only binds of what Python and agentrt need, the REPL's socket, a few device nodes
+  read-only binds of what Python and agentrt need, the folder of the REPL's socket, a few device nodes
   and a size-limited tmpfs at ``/tmp`` (the only writable path). The syscall filter is
   compiled here once per runtime process with libseccomp (``pyseccomp``) into BPF bytes.
 * **Worker side** (:func:`lock_down`): after the root worker has said hello, it sets its
@@ -227,8 +227,9 @@ def caps_pid_space() -> bool:
     return os.geteuid() == 0
 
 
-def bwrap_command(socket_path: str, environment: dict[str, str], disk_mb: int) -> list[str]:
-    """The bubblewrap argv prefix that starts the root worker in its jail."""
+def bwrap_command(socket_dir: str, environment: dict[str, str], disk_mb: int) -> list[str]:
+    """The bubblewrap argv prefix that starts the root worker in its jail (``socket_dir``: the
+    REPL's own folder holding its socket, which may be created after the worker starts)."""
     import shutil
 
     args = [shutil.which("bwrap") or "bwrap", *_NAMESPACE_FLAGS, "--die-with-parent",
@@ -251,7 +252,7 @@ def bwrap_command(socket_path: str, environment: dict[str, str], disk_mb: int) -
     args += ["--dir", "/dev"]
     for device in _DEVICES:
         args += ["--dev-bind-try", device, device]
-    args += ["--ro-bind", socket_path, socket_path]
+    args += ["--ro-bind", socket_dir, socket_dir]
     args += ["--remount-ro", "/", "--chdir", JAIL_TMP, "--"]
     return args
 
