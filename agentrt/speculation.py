@@ -97,6 +97,9 @@ SHADOW_CPU_S = 2
 LAUNCH_WINDOW = 4
 """Default of ``Agent(speculation_window=...)``: early calls one call site of the open tail may
 launch beyond the first call its loop may still wait on (see the module docstring)."""
+SPARE_DELAY_S = 0.05
+"""How long the spare fork waits for the running shadow to finish its code before it is made
+(it would otherwise compete with that shadow for the CPU)."""
 MAX_SHADOW_MESSAGES = 1024
 """Messages one shadow may send; past it, it is killed (its speculation is best effort)."""
 
@@ -255,6 +258,9 @@ class Speculator(NoSpeculation):
         self._spare: _Spare | None = None
         """A fork for the next shadow, made while the code streams (it starts without one)."""
         self._spare_wanted = anyio.Event()
+        self._shadow_ran = anyio.Event()
+        """The current shadow has run all its code (or there is none)."""
+        self._shadow_ran.set()
 
     async def __aenter__(self) -> Speculator:
         async with contextlib.AsyncExitStack() as stack:
@@ -479,6 +485,7 @@ class Speculator(NoSpeculation):
             self._dirty.set()
             return
         self._shadows += 1
+        self._shadow_ran = anyio.Event()
         shadow = _Shadow(handle, self._shadows, self._turn, epoch, layout, tail_line, code_s)
         if tail_line is not None:
             shadow.unread_lines = frozenset(
@@ -504,6 +511,8 @@ class Speculator(NoSpeculation):
             if self._spare is not None and self._spare.state == self._fork_state():
                 continue
             await self._kill_spare()
+            with anyio.move_on_after(SPARE_DELAY_S):
+                await self._shadow_ran.wait()
             state = self._fork_state()
             try:
                 handle = await self.repl.fork_shadow()
@@ -570,6 +579,7 @@ class Speculator(NoSpeculation):
         if isinstance(message, Launch):
             self._on_launch(shadow, message)
         elif isinstance(message, ShadowDone):
+            self._shadow_ran.set()
             if not message.pending:
                 self._retract_unadopted(shadow)
 

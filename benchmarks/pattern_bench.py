@@ -12,6 +12,9 @@ before it) to the tool's start, split into fork (until the shadow had its code),
 the runtime had its launch: the shadow's run up to the call and the hop back) and dispatch
 (until the tool started). The table reports the p50 per pattern and the first early call of
 each run; the summary, the p50 over all launches and the median first-call latency.
+``--launch-ab`` instead runs every pattern's speculative run with and without the spare shadow
+fork (`agentrt.speculation`: a fork made ahead, so a new line reaches its shadow without a
+fork round trip), alternating which goes first, and prints both launch costs side by side.
 
 ``--systems agentrt,spec-ptc`` also runs the peer, spec-ptc from PyPI (`benchmarks.peer`, in its
 own Python >= 3.12 virtualenv), on each pattern right after agentrt's two runs: same responses,
@@ -23,6 +26,7 @@ rows. Without the peer's virtualenv a note says so and agentrt's rows still run.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import statistics
@@ -31,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrt import Agent, ReplayEngine, RunResult
+from agentrt.speculation import Speculator
 
 from .overlap import generation_spans, overlap_limit
 from .patterns import Pattern, patterns, tool_list
@@ -145,6 +150,46 @@ def launch_summary(rows: list[dict]) -> str:
             f"{len(firsts)} runs.")
 
 
+@contextlib.contextmanager
+def _without_spare_fork():
+    """Speculative runs in this context fork each shadow when it is needed (the old path)."""
+    take = Speculator._take_spare
+    Speculator._take_spare = lambda self: None
+    try:
+        yield
+    finally:
+        Speculator._take_spare = take
+
+
+def launch_ab(chosen: list[Pattern], tps: float, latency: float) -> str:
+    """Launch costs with and without the spare shadow fork, side by side (see the docstring)."""
+    costs: dict[str, list[dict[str, float]]] = {"spare": [], "no spare": []}
+    firsts: dict[str, list[float]] = {"spare": [], "no spare": []}
+    lines = ["| pattern | first launch ms, spare | first launch ms, no spare |", "|---|---|---|"]
+    for index, p in enumerate(chosen):
+        row = {}
+        for mode in (("spare", "no spare") if index % 2 == 0 else ("no spare", "spare")):
+            with (_without_spare_fork() if mode == "no spare" else contextlib.nullcontext()):
+                run = launch_costs(run_pattern(p, True, tps, latency).trace)
+            costs[mode] += run
+            if run:
+                firsts[mode].append(run[0]["total"])
+            row[mode] = f"{run[0]['total']:.1f}" if run else "-"
+        lines.append(f"| {p.name} | {row['spare']} | {row['no spare']} |")
+        print(lines[-1], flush=True)
+    lines.append("")
+    for mode in costs:
+        parts = {k: statistics.median(c[k] for c in costs[mode])
+                 for k in ("total", "fork", "shadow", "dispatch")}
+        lines.append(f"{mode}: first early call median {statistics.median(firsts[mode]):.1f} ms "
+                     f"over {len(firsts[mode])} runs; all {len(costs[mode])} launches p50 "
+                     f"{parts['total']:.1f} ms (fork {parts['fork']:.1f}, shadow "
+                     f"{parts['shadow']:.1f}, dispatch {parts['dispatch']:.1f})")
+    ratio = statistics.median(firsts["spare"]) / statistics.median(firsts["no spare"])
+    lines.append(f"first early call, spare / no spare: {ratio:.2f}x")
+    return "\n".join(lines)
+
+
 def plot_timeline(name: str, traces, path: Path) -> None:
     import matplotlib
 
@@ -257,6 +302,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="*", help="pattern names to run")
     parser.add_argument("--out", type=Path, default=RESULTS / "patterns")
     parser.add_argument("--no-plots", action="store_true")
+    parser.add_argument("--launch-ab", action="store_true",
+                        help="launch cost with and without the spare shadow fork, side by side")
     parser.add_argument("--systems", default="agentrt",
                         help=f"comma-separated, of {', '.join(SYSTEMS)}: {PEER} runs the peer from "
                              "PyPI next to agentrt (agentrt always runs: its sequential run is the "
@@ -268,6 +315,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown system(s) {unknown}; choose from {', '.join(SYSTEMS)}")
     args.out.mkdir(parents=True, exist_ok=True)
     chosen = [p for p in patterns() if not args.only or p.name in args.only]
+    if args.launch_ab:
+        table = launch_ab(chosen, args.tokens_per_second, args.latency)
+        (args.out / "launch_ab.md").write_text(table + "\n")
+        print("\n" + table)
+        return 0
     rows = []
     t0 = time.monotonic()
     peer, peer_note = start_peer(systems)
