@@ -47,7 +47,8 @@ for the early call's result, a miss calls the tool itself. Counting is decided o
 has executed (or the turn ended), from what the program did, not from which event came first: an
 early call never claimed is **wasted** if the authoritative run called that key in that block
 (a duplicate, or one cancelled by an effect), and **retracted** if it never did (a call the
-finished code does not make). Trace events: ``spec_peek`` [turn, lines], ``spec_launch``
+finished code does not make). Trace events: ``spec_peek`` [turn, lines, spare: whether the
+shadow was the spare fork], ``spec_launch``
 [early_id, tool, turn, block, lineno, deps, code_s: when the code that made the call was
 complete, posted_s: when its shadow got that code], ``spec_claim`` [seq, tool, early_id or None],
 ``spec_cancel`` [early_id, reason: wasted | retracted], ``spec_effect`` [turn, epoch],
@@ -478,7 +479,8 @@ class Speculator(NoSpeculation):
                             layout: list[tuple[int, int]], tail_line: int | None,
                             epoch: int, code_s: float) -> None:
         executed_before = self._executed
-        handle = self._take_spare() or await self.repl.fork_shadow()
+        spare = self._take_spare()
+        handle = spare or await self.repl.fork_shadow()
         if self._executed != executed_before or self._effects != epoch:
             await handle.kill(wait=False)  # a block committed or an effect ran while we forked
             self._shadowed_code = ""
@@ -492,7 +494,7 @@ class Speculator(NoSpeculation):
                 tail_line - 1 + n for n in unread_result_lines(statements[-1][2]))
         self._shadow = shadow
         lines = sum(source.count("\n") for _, _, source in statements)
-        self.trace.emit("spec_peek", turn=self._turn, lines=lines)
+        self.trace.emit("spec_peek", turn=self._turn, lines=lines, spare=spare is not None)
         shadow.posted_s = self.trace.now()
         await handle.post(Shadow(tuple(statements), tuple(sorted(self.speculatable)),
                                  SHADOW_CPU_S, *self._scopes))
