@@ -31,9 +31,10 @@ Rules that keep the promise "same answers and effects, sooner":
   run reaches an effectful call, the epoch advances and every unclaimed early call that reads a
   scope it writes is cancelled; a shadow of an older epoch may no longer launch such calls. A
   read never overtakes a write to a scope it reads; pure calls and reads of other scopes cross.
-* **Ghost bound.** In the open tail (the statement still streaming) a call site that repeats a
-  key within one shadow run stops the tail's launches (an unfinished ``while`` makes no
-  progress). Launches whose loop exit may depend on results that has not streamed yet go out
+* **Ghost bound.** In the open tail (the statement still streaming) a call site inside a
+  ``while`` that repeats a key within one shadow run stops the tail's launches (an unfinished
+  ``while`` makes no progress; a ``for`` loop advances by itself, so identical calls there go
+  out). Launches whose loop exit may depend on results that has not streamed yet go out
   in a window (``window``, default `LAUNCH_WINDOW`) per call site beyond the first call the
   loop may still wait on: launches that waited for an earlier result of their own site count
   every unclaimed call of the site (the window slides as the authoritative run claims them);
@@ -84,7 +85,7 @@ from agentrt.interpreter.frames import (
 )
 from agentrt.interpreter.repair import TailRepair
 from agentrt.interpreter.repl import Repl, ReplError, ReplMessages, ReplSession
-from agentrt.interpreter.unread_results import unread_result_lines
+from agentrt.interpreter.unread_results import unread_result_lines, while_loop_lines
 from agentrt.tools import Tool, ToolRegistry
 from agentrt.tools.scopes import ALL_SCOPES, overlaps
 
@@ -141,6 +142,9 @@ class _Shadow:
     block_occurrences: Counter = field(default_factory=Counter)
     tail_keys: set = field(default_factory=set)
     tail_stalled: bool = False
+    while_lines: frozenset[int] | None = frozenset()
+    """Lines of the open tail inside a ``while`` (None: all of them): there, a repeated key
+    means the loop made no progress."""
     unread_lines: frozenset[int] = frozenset()
     """Lines of the open tail whose call results the code so far never reads (`unread_results`):
     a loop's exit may still come; their launches are windowed."""
@@ -490,8 +494,11 @@ class Speculator(NoSpeculation):
         self._shadow_ran = anyio.Event()
         shadow = _Shadow(handle, self._shadows, self._turn, epoch, layout, tail_line, code_s)
         if tail_line is not None:
-            shadow.unread_lines = frozenset(
-                tail_line - 1 + n for n in unread_result_lines(statements[-1][2]))
+            tail = statements[-1][2]
+            shadow.unread_lines = frozenset(tail_line - 1 + n for n in unread_result_lines(tail))
+            in_while = while_loop_lines(tail)
+            shadow.while_lines = None if in_while is None \
+                else frozenset(tail_line - 1 + n for n in in_while)
         self._shadow = shadow
         lines = sum(source.count("\n") for _, _, source in statements)
         self.trace.emit("spec_peek", turn=self._turn, lines=lines, spare=spare is not None)
@@ -634,7 +641,8 @@ class Speculator(NoSpeculation):
         """The ghost bound for launches from the open tail (see the module docstring)."""
         if shadow.tail_stalled:
             return False
-        if (origin.site, key) in shadow.tail_keys:
+        if (origin.site, key) in shadow.tail_keys and (
+                shadow.while_lines is None or lineno in shadow.while_lines):
             shadow.tail_stalled = True  # the loop made no progress: stop launching from the tail
             return False
         shadow.tail_keys.add((origin.site, key))
