@@ -15,7 +15,6 @@ that died while idle is discarded, never handed out.
 
 from __future__ import annotations
 
-import asyncio
 import atexit
 import contextlib
 import dataclasses
@@ -32,6 +31,7 @@ from collections import deque
 from pathlib import Path
 
 from .. import jail
+from . import process_tree
 from .limits import ReplLimits
 
 WORKER_MODULE = "agentrt.interpreter.worker"
@@ -120,13 +120,9 @@ class StartedWorker:
         """Wait, without blocking the event loop, until the process ends; its exit status."""
         if self.process.poll() is None:
             watched = os.dup(self._pidfd)  # one registration per waiter
-            loop = asyncio.get_running_loop()
-            gone = loop.create_future()
-            loop.add_reader(watched, lambda: gone.done() or gone.set_result(None))
             try:
-                await gone
+                await process_tree.exited(watched)
             finally:
-                loop.remove_reader(watched)
                 os.close(watched)
         return self.process.wait()
 
