@@ -1,8 +1,9 @@
 """The sandbox worker process: ``python -m agentrt.interpreter.worker <socket path>``.
 
 The runtime starts one *root* process: once loaded, it says so on stdout and waits for its
-hello token on stdin (so that it can be started ahead of use, see repl/pool.py). Every process connects to the runtime's Unix socket
-with its own connection and introduces itself with ``hello`` (see protocol.py).
+hello token on stdin (so that it can be started ahead of use, see repl/pool.py). Every process
+connects to the runtime's Unix socket with its own connection and introduces itself with
+``hello`` (see protocol.py).
 
 * **root** never runs model code. It is a child subreaper (Linux), so processes orphaned
   by fork-per-cell are reparented to it and reaped; it reports every exit it reaps, and on

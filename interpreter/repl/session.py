@@ -39,6 +39,7 @@ from .results import CellResult, ReplError, ReplProcessDied, VariableSummary
 from .service import ReplService, ToolHandler
 from .transport import ReplTransport
 
+
 def _check_variable_name(name: str) -> None:
     if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name) \
             or name.startswith("_"):

@@ -289,7 +289,8 @@ def test_unfinished_while_loop_launches_at_most_twice_the_calls():
 def test_identical_calls_of_a_streaming_for_loop_all_launch_before_it_closes():
     # a repeated key stops the tail's launches only inside a while (no progress); a for loop
     # advances by itself: its five identical calls go out before the loop statement closes
-    code = "votes = []\nfor _ in range(5):\n    votes.append(lookup(1))\nn = len(votes)\nFINAL(votes)"
+    code = ("votes = []\nfor _ in range(5):\n    votes.append(lookup(1))\nn = len(votes)\n"
+            "FINAL(votes)")
     seq, spec = run_both([fence(code)], tps=4, latency=1.0)
     assert_same(seq, spec)
     events = spec[0].trace.events
