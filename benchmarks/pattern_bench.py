@@ -135,8 +135,8 @@ def _cost_cell(costs: list[dict[str, float]]) -> str:
 
 def launch_summary(rows: list[dict]) -> str:
     """The launch-cost summary line over every pattern's early calls."""
-    costs = [c for r in rows for c in r["launch_costs_ms"]]
-    firsts = [r["launch_costs_ms"][0]["total"] for r in rows if r["launch_costs_ms"]]
+    costs = [c for r in rows for c in r.get("launch_costs_ms", [])]
+    firsts = [r["launch_costs_ms"][0]["total"] for r in rows if r.get("launch_costs_ms")]
     if not costs:
         return "No early calls were started."
     parts = {k: statistics.median(c[k] for c in costs) for k in ("total", "fork", "shadow",
@@ -253,7 +253,7 @@ def markdown(rows: list[dict], tps: float, latency: float, peer_note: str | None
             f"| {r['pattern']} | {r['sequential_s']:.2f} | {r['speculative_s']:.2f} | "
             f"{r['speedup']:.2f}x | {r['limit_s']:.2f} | {r['efficiency']:.2f} | "
             f"{r['launched']} | {r['hits']} | {r['misses']} | {r['wasted']} | {r['retracted']} | "
-            f"{'yes' if r['identical'] else 'NO'} | {_cost_cell(r['launch_costs_ms'])}"
+            f"{'yes' if r['identical'] else 'NO'} | {_cost_cell(r.get('launch_costs_ms', []))}"
         )
         if with_peer:
             line += _peer_cells(r)
