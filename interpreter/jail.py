@@ -194,8 +194,9 @@ def _system_binds() -> list[str]:
     return args
 
 
-def _python_paths() -> list[str]:
-    """Directories the worker needs to import Python, agentrt and its dependencies."""
+def _python_paths(pythonpath: str) -> list[str]:
+    """Directories the worker needs to import Python, agentrt and its dependencies (and the
+    entries of its ``PYTHONPATH``, ``pythonpath``)."""
     import importlib.util
     import sysconfig
 
@@ -209,7 +210,7 @@ def _python_paths() -> list[str]:
             paths.update(spec.submodule_search_locations or [])
             if spec.origin:
                 paths.add(os.path.dirname(spec.origin))
-    for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+    for entry in pythonpath.split(os.pathsep):
         if entry:
             paths.add(os.path.abspath(entry))
     existing = sorted(os.path.realpath(p) for p in paths if os.path.isdir(p))
@@ -247,7 +248,7 @@ def bwrap_command(socket_dir: str, environment: dict[str, str], disk_mb: int) ->
              "--tmpfs", JAIL_TMP]
     for path in _SYSTEM_FILES:
         args += ["--ro-bind-try", path, path]
-    for path in _python_paths():
+    for path in _python_paths(environment.get("PYTHONPATH", "")):
         args += ["--ro-bind", path, path]
     args += ["--dir", "/dev"]
     for device in _DEVICES:

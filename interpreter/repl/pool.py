@@ -46,16 +46,19 @@ EXIT_GRACE_S = 1.0
 
 @dataclasses.dataclass(frozen=True)
 class WorkerSpec:
-    """How a root worker is started: in the jail's namespaces or not, and the size of the
-    jail's private directory."""
+    """How a root worker is started: in the jail's namespaces or not, the size of the jail's
+    private directory, and its ``PYTHONPATH`` (where a REPL's extensions are imported from)."""
 
     namespaces: bool
     disk_mb: int
+    pythonpath: str = ""
 
     @classmethod
     def of(cls, plan: jail.JailPlan, limits: ReplLimits) -> WorkerSpec:
-        """The spec of the root worker for ``limits`` under jail plan ``plan``."""
-        return cls(plan.namespaces, limits.disk_mb if plan.namespaces else 0)
+        """The spec of the root worker for ``limits`` under jail plan ``plan``, with this
+        process's ``PYTHONPATH`` now (a worker started before it changed is not taken)."""
+        return cls(plan.namespaces, limits.disk_mb if plan.namespaces else 0,
+                   os.environ.get("PYTHONPATH", ""))
 
     @classmethod
     def for_limits(cls, limits: ReplLimits) -> WorkerSpec:
@@ -179,8 +182,8 @@ def start_worker(spec: WorkerSpec, directory: Path | None = None) -> StartedWork
     command = [sys.executable, "-m", WORKER_MODULE, socket_path(directory)]
     env = {"PATH": os.environ.get("PATH", os.defpath), "LANG": "C.UTF-8",
            "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONSAFEPATH": "1"}
-    if os.environ.get("PYTHONPATH"):
-        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    if spec.pythonpath:
+        env["PYTHONPATH"] = spec.pythonpath
     if spec.namespaces:  # the worker gets an empty environment plus these
         del env["PATH"]
         command = jail.bwrap_command(str(directory / "sock"), env, spec.disk_mb) + command

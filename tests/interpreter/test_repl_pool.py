@@ -93,6 +93,24 @@ async def test_without_a_pool_or_a_reservation_the_repl_starts_its_own(pool, spe
     assert pool.started == 0 and pool.idle() == []
 
 
+@pytest.mark.anyio
+async def test_a_worker_started_under_another_pythonpath_is_not_taken(pool, spec, tmp_path,
+                                                                      monkeypatch):
+    """The worker imports a REPL's extensions from its PYTHONPATH as it was at its start."""
+    pool.reserve(spec, 1)
+    assert pool.wait_loaded(spec)
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "pool_hook.py").write_text(
+        "def install(sandbox, channel):\n    sandbox.install_builtin('marker', lambda: 7)\n")
+    monkeypatch.setenv("PYTHONPATH", str(hooks))
+    async with Repl(no_tools, (), LIMITS, pool=pool) as repl:
+        assert not repl.warm_start
+        await repl.extend("pool_hook:install")
+        assert (await repl.execute("print(marker())")).stdout == "7\n"
+    assert len(pool.idle(spec)) == 1  # still there for REPLs of its own spec
+
+
 def test_leases_share_workers_and_the_pool_is_bounded(pool, spec):
     first, second = pool.reserve(spec, 1), pool.reserve(spec, 1)
     assert pool.wait_loaded(spec)
