@@ -15,13 +15,16 @@ import math
 import re
 import signal
 import threading
+import weakref
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import Any
 
 import anyio
 
 from agentrt.engine.base import Delta, Engine, Message, SamplingParams
+from agentrt.interpreter.jail import JailUnavailable
 from agentrt.interpreter.repl import Repl, ReplLimits
+from agentrt.interpreter.repl.pool import PoolLease, WorkerSpec, shared_pool
 from agentrt.interpreter.protocol import to_plain
 from agentrt.interpreter.segmenter import BlockClosed, BlockOpened, CodeStream, StatementClosed
 from agentrt.tools import DEFAULT_TOOL_TIMEOUT_S, Tool, ToolRegistry
@@ -69,6 +72,12 @@ class Agent:
     ``capture_namespace`` records the REPL's final variables in ``RunResult.namespace``.
     ``tool_timeout`` limits each call of a tool that sets no ``timeout`` of its own (seconds,
     ``math.inf`` for none; the built-in ``llm_query`` tools have none: their engine bounds them).
+    ``warm_repls``: sandbox worker processes kept started and ready in the process-wide pool
+    (`agentrt.interpreter.repl.pool.shared_pool`, shared with other agents and bounded), so
+    that a run's first block does not wait for the sandbox to start; each run takes one and
+    a fresh one replaces it in the background (a worker never serves two runs). 0: none,
+    each run starts its own. `close` (or leaving ``with Agent(...)``, or the agent being
+    garbage-collected) gives them back; they are stopped at interpreter exit in any case.
     """
 
     def __init__(
@@ -91,9 +100,12 @@ class Agent:
         on_event: Callable[[Event], None] | None = None,
         capture_namespace: bool = False,
         tool_timeout: float = DEFAULT_TOOL_TIMEOUT_S,
+        warm_repls: int = 1,
     ) -> None:
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+        if type(warm_repls) is not int or warm_repls < 0:
+            raise ValueError(f"warm_repls must be an int >= 0, got {warm_repls!r}")
         if type(speculation_window) is not int or speculation_window < 0:
             raise ValueError(
                 f"speculation_window must be an int >= 0, got {speculation_window!r}")
@@ -119,6 +131,28 @@ class Agent:
         self.speculation_window = speculation_window
         self.on_event = on_event
         self.capture_namespace = capture_namespace
+        self.warm_repls = warm_repls
+        self._pool_lease: PoolLease | None = None
+        if warm_repls:
+            try:  # plans the jail once per process (~10 ms); its failure is the run's to report
+                spec = WorkerSpec.for_limits(self.repl_limits)
+            except JailUnavailable:
+                spec = None
+            if spec is not None:
+                self._pool_lease = shared_pool().reserve(spec, warm_repls)
+                weakref.finalize(self, self._pool_lease.release)
+
+    def close(self) -> None:
+        """Give back the warm sandbox workers this agent reserved (idempotent; runs already
+        started keep their own)."""
+        if self._pool_lease is not None:
+            self._pool_lease.release()
+
+    def __enter__(self) -> Agent:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     def run_sync(self, task: str, context: Any = None) -> RunResult:
         """Blocking form of `run`.
@@ -360,7 +394,8 @@ class _Run:
         namespace: dict[str, str] | None = None
         try:
             signatures = {t.name: t.signature_line() for t in agent.registry}
-            repl = Repl(self.call_tool, signatures, limits=agent.repl_limits)
+            repl = Repl(self.call_tool, signatures, limits=agent.repl_limits,
+                        pool=shared_pool() if agent._pool_lease is not None else None)
             self.repl = repl
             # The sandbox starts while the model streams its first tokens, in a task that holds
             # it open for the run; the first block (and the first shadow) wait for it.

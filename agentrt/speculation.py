@@ -10,7 +10,9 @@ While a response streams it keeps one *shadow* process running the code the mode
 far and not yet executed for real: the closed blocks of this turn whose authoritative execution
 has not committed, plus the open block's closed statements and its open tail repaired to its
 longest runnable prefix (``repair_tail``). Each time that code grows by a line the shadow is
-replaced by a fresh fork of the namespace holder that runs the new code from the top. Shadows
+replaced by a fresh fork of the namespace holder that runs the new code from the top (the
+fork is made ahead, while the code streams: a *spare*, valid while no block executes and no
+effect runs, so that a new line reaches its shadow without waiting for a fork). Shadows
 launch speculatable calls; the ledger keys them by (tool, canonical arguments) and a later shadow
 that makes the same call (the n-th occurrence of a key in a shadow maps to the n-th launch of
 that key) *adopts* the call already in flight instead of starting another. When a shadow has run
@@ -29,9 +31,10 @@ Rules that keep the promise "same answers and effects, sooner":
   run reaches an effectful call, the epoch advances and every unclaimed early call that reads a
   scope it writes is cancelled; a shadow of an older epoch may no longer launch such calls. A
   read never overtakes a write to a scope it reads; pure calls and reads of other scopes cross.
-* **Ghost bound.** In the open tail (the statement still streaming) a call site that repeats a
-  key within one shadow run stops the tail's launches (an unfinished ``while`` makes no
-  progress). Launches whose loop exit may depend on results that has not streamed yet go out
+* **Ghost bound.** In the open tail (the statement still streaming) a call site inside a
+  ``while`` that repeats a key within one shadow run stops the tail's launches (an unfinished
+  ``while`` makes no progress; a ``for`` loop advances by itself, so identical calls there go
+  out). Launches whose loop exit may depend on results that has not streamed yet go out
   in a window (``window``, default `LAUNCH_WINDOW`) per call site beyond the first call the
   loop may still wait on: launches that waited for an earlier result of their own site count
   every unclaimed call of the site (the window slides as the authoritative run claims them);
@@ -45,8 +48,10 @@ for the early call's result, a miss calls the tool itself. Counting is decided o
 has executed (or the turn ended), from what the program did, not from which event came first: an
 early call never claimed is **wasted** if the authoritative run called that key in that block
 (a duplicate, or one cancelled by an effect), and **retracted** if it never did (a call the
-finished code does not make). Trace events: ``spec_peek`` [turn, lines], ``spec_launch``
-[early_id, tool, turn, block, lineno, deps], ``spec_claim`` [seq, tool, early_id or None],
+finished code does not make). Trace events: ``spec_peek`` [turn, lines, spare: whether the
+shadow was the spare fork], ``spec_launch``
+[early_id, tool, turn, block, lineno, deps, code_s: when the code that made the call was
+complete, posted_s: when its shadow got that code], ``spec_claim`` [seq, tool, early_id or None],
 ``spec_cancel`` [early_id, reason: wasted | retracted], ``spec_effect`` [turn, epoch],
 ``spec_refused`` [tool], ``spec_shadow_error`` [error] (a shadow message that could not be
 handled, or too many of them: that shadow is killed), and ``tool_started`` / ``tool_finished``
@@ -58,6 +63,7 @@ run.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
@@ -79,7 +85,7 @@ from agentrt.interpreter.frames import (
 )
 from agentrt.interpreter.repair import TailRepair
 from agentrt.interpreter.repl import Repl, ReplError, ReplMessages, ReplSession
-from agentrt.interpreter.unread_results import unread_result_lines
+from agentrt.interpreter.unread_results import unread_result_lines, while_loop_lines
 from agentrt.tools import Tool, ToolRegistry
 from agentrt.tools.scopes import ALL_SCOPES, overlaps
 
@@ -93,6 +99,9 @@ SHADOW_CPU_S = 2
 LAUNCH_WINDOW = 4
 """Default of ``Agent(speculation_window=...)``: early calls one call site of the open tail may
 launch beyond the first call its loop may still wait on (see the module docstring)."""
+SPARE_DELAY_S = 0.05
+"""How long the spare fork waits for the running shadow to finish its code before it is made
+(it would otherwise compete with that shadow for the CPU)."""
 MAX_SHADOW_MESSAGES = 1024
 """Messages one shadow may send; past it, it is killed (its speculation is best effort)."""
 
@@ -124,11 +133,18 @@ class _Shadow:
     """(block index, first line) of each block in the shadow's code, in order."""
     tail_line: int | None
     """First line of the repaired open tail in the shadow's code (None: no tail)."""
+    code_s: float = 0.0
+    """When the code it runs was complete (the delta or block that completed it), run time."""
+    posted_s: float = 0.0
+    """When it was forked and sent its code."""
     local: dict[Any, EarlyCall] = field(default_factory=dict)
     occurrences: Counter = field(default_factory=Counter)
     block_occurrences: Counter = field(default_factory=Counter)
     tail_keys: set = field(default_factory=set)
     tail_stalled: bool = False
+    while_lines: frozenset[int] | None = frozenset()
+    """Lines of the open tail inside a ``while`` (None: all of them): there, a repeated key
+    means the loop made no progress."""
     unread_lines: frozenset[int] = frozenset()
     """Lines of the open tail whose call results the code so far never reads (`unread_results`):
     a loop's exit may still come; their launches are windowed."""
@@ -150,6 +166,15 @@ class _Shadow:
 
     def in_tail(self, lineno: int | None) -> bool:
         return self.tail_line is not None and lineno is not None and lineno >= self.tail_line
+
+
+@dataclass
+class _Spare:
+    """A shadow fork made ahead, for the state it was forked in."""
+
+    handle: ReplSession
+    state: tuple[int, int, int]
+    """(turn, blocks executed, effects) when it was forked."""
 
 
 class NoSpeculation:
@@ -233,6 +258,14 @@ class Speculator(NoSpeculation):
         self._effects = 0
         self._running_block_epoch: int | None = None
         self._asked: dict[tuple[int, int], Counter] = {}
+        self._code_s = 0.0
+        """When the code to shadow last changed (run time)."""
+        self._spare: _Spare | None = None
+        """A fork for the next shadow, made while the code streams (it starts without one)."""
+        self._spare_wanted = anyio.Event()
+        self._shadow_ran = anyio.Event()
+        """The current shadow has run all its code (or there is none)."""
+        self._shadow_ran.set()
 
     async def __aenter__(self) -> Speculator:
         async with contextlib.AsyncExitStack() as stack:
@@ -241,6 +274,7 @@ class Speculator(NoSpeculation):
             await stack.enter_async_context(self.ledger)
             self._tg = await stack.enter_async_context(anyio.create_task_group())
             self._tg.start_soon(self._drive)
+            self._tg.start_soon(self._keep_spare)
             self._tg.start_soon(self._follow_messages, self._messages)
             self._stack = stack.pop_all()
         return self
@@ -251,6 +285,7 @@ class Speculator(NoSpeculation):
         self._messages.close()
         self._settle()
         await self._kill_shadow()
+        await self._kill_spare()
         self._tg.cancel_scope.cancel()
         await self._stack.aclose()
 
@@ -260,6 +295,7 @@ class Speculator(NoSpeculation):
         self._turn = turn
         self._blocks, self._executed, self._tail = [], 0, ""
         self.ledger.new_turn()
+        self._spare_wanted.set()
 
     def statement_closed(self, block: int, lineno: int, end_lineno: int, source: str) -> None:
         """The segmenter closed a top-level statement (lines ``lineno..end_lineno`` of ``block``)."""
@@ -267,7 +303,7 @@ class Speculator(NoSpeculation):
             self._blocks.append(_BlockCode())
         self._blocks[block].statements.append((lineno, end_lineno, source))
         self._tail = ""
-        self._dirty.set()
+        self._changed()
 
     def block_closed(self, block: int, code: str, broken: bool = False) -> None:
         """Block ``block`` (numbered from 0 in each turn) closed with ``code`` (``broken``: the
@@ -278,11 +314,15 @@ class Speculator(NoSpeculation):
         closed.closed, closed.broken = True, broken
         closed.lines = code.count("\n") + (0 if code.endswith("\n") or not code else 1)
         self._tail = ""
-        self._dirty.set()
+        self._changed()
 
     def open_block_grew(self, tail: str) -> None:
         """The open block's text after its last closed statement is now ``tail``."""
         self._tail = tail
+        self._changed()
+
+    def _changed(self) -> None:
+        self._code_s = self.trace.now()
         self._dirty.set()
 
     def block_started(self, block: int) -> None:
@@ -295,12 +335,14 @@ class Speculator(NoSpeculation):
         self._executed = block + 1
         self._running_block_epoch = None
         self._settle(turn=self._turn, block=block)
-        self._dirty.set()
+        self._spare_wanted.set()
+        self._changed()
 
     async def end_turn(self) -> None:
         """The turn is over: its unclaimed calls are settled and its shadow killed."""
         self._settle()
         await self._kill_shadow()
+        await self._kill_spare()
         self._shadowed_code = ""
 
     # -- claims from the authoritative run ------------------------------------------------------
@@ -342,6 +384,7 @@ class Speculator(NoSpeculation):
         """An effectful call is about to run: no call launched before it that reads a scope it
         writes may serve after it."""
         self._effects += 1
+        self._spare_wanted.set()
         self._effect_writes.append(tool.writes)
         self.trace.emit("spec_effect", turn=self._turn, epoch=self._effects)
         self.ledger.cancel_unclaimed(tools=[name for name, reads in self._reads.items()
@@ -420,6 +463,7 @@ class Speculator(NoSpeculation):
             epoch = self._shadow_epoch()
             if epoch is None:
                 continue  # the running shadow goes on; the next starts once the block executed
+            code_s = self._code_s
             statements, layout, tail_line = self._shadow_code()
             code = repr(statements) if statements else ""
             if code == self._shadowed_code:
@@ -429,7 +473,7 @@ class Speculator(NoSpeculation):
             if not code:
                 continue
             try:
-                await self._start_shadow(statements, layout, tail_line, epoch)
+                await self._start_shadow(statements, layout, tail_line, epoch, code_s)
             except (ReplError, OSError):
                 self._shadowed_code = ""  # the holder changed under us: try again
                 self._dirty.set()
@@ -437,24 +481,77 @@ class Speculator(NoSpeculation):
 
     async def _start_shadow(self, statements: list[tuple[int, int, str]],
                             layout: list[tuple[int, int]], tail_line: int | None,
-                            epoch: int) -> None:
+                            epoch: int, code_s: float) -> None:
         executed_before = self._executed
-        handle = await self.repl.fork_shadow()
+        spare = self._take_spare()
+        handle = spare or await self.repl.fork_shadow()
         if self._executed != executed_before or self._effects != epoch:
             await handle.kill(wait=False)  # a block committed or an effect ran while we forked
             self._shadowed_code = ""
             self._dirty.set()
             return
         self._shadows += 1
-        shadow = _Shadow(handle, self._shadows, self._turn, epoch, layout, tail_line)
+        self._shadow_ran = anyio.Event()
+        shadow = _Shadow(handle, self._shadows, self._turn, epoch, layout, tail_line, code_s)
         if tail_line is not None:
-            shadow.unread_lines = frozenset(
-                tail_line - 1 + n for n in unread_result_lines(statements[-1][2]))
+            tail = statements[-1][2]
+            shadow.unread_lines = frozenset(tail_line - 1 + n for n in unread_result_lines(tail))
+            in_while = while_loop_lines(tail)
+            shadow.while_lines = None if in_while is None \
+                else frozenset(tail_line - 1 + n for n in in_while)
         self._shadow = shadow
         lines = sum(source.count("\n") for _, _, source in statements)
-        self.trace.emit("spec_peek", turn=self._turn, lines=lines)
+        self.trace.emit("spec_peek", turn=self._turn, lines=lines, spare=spare is not None)
+        shadow.posted_s = self.trace.now()
         await handle.post(Shadow(tuple(statements), tuple(sorted(self.speculatable)),
                                  SHADOW_CPU_S, *self._scopes))
+
+    def _fork_state(self) -> tuple[int, int, int]:
+        return self._turn, self._executed, self._effects
+
+    async def _keep_spare(self) -> None:
+        """Keep a shadow fork ready for the current state (turn, blocks executed, effects), so
+        that a new shadow does not wait for its fork: one round trip off each launch's path."""
+        if self._repl_ready is not None:
+            await self._repl_ready.wait()
+        while True:
+            await self._spare_wanted.wait()
+            self._spare_wanted = anyio.Event()
+            if self._spare is not None and self._spare.state == self._fork_state():
+                continue
+            await self._kill_spare()
+            with anyio.move_on_after(SPARE_DELAY_S):
+                await self._shadow_ran.wait()
+            state = self._fork_state()
+            try:
+                handle = await self.repl.fork_shadow()
+            except (ReplError, OSError):  # the holder is being replaced: try again
+                await anyio.sleep(0.01)
+                self._spare_wanted.set()
+                continue
+            if state != self._fork_state():
+                await handle.kill(wait=False)
+                self._spare_wanted.set()
+                continue
+            self._spare = _Spare(handle, state)
+
+    def _take_spare(self) -> ReplSession | None:
+        """The spare fork, if it is still alive and of the current state; another is made."""
+        spare, self._spare = self._spare, None
+        self._spare_wanted.set()
+        if spare is None:
+            return None
+        if spare.state == self._fork_state() and spare.handle.alive:
+            return spare.handle
+        assert self._tg is not None
+        self._tg.start_soon(functools.partial(spare.handle.kill, wait=False))
+        return None
+
+    async def _kill_spare(self) -> None:
+        spare, self._spare = self._spare, None
+        if spare is not None:
+            with contextlib.suppress(Exception):
+                await spare.handle.kill(wait=False)
 
     async def _kill_shadow(self) -> None:
         shadow, self._shadow = self._shadow, None
@@ -491,6 +588,7 @@ class Speculator(NoSpeculation):
         if isinstance(message, Launch):
             self._on_launch(shadow, message)
         elif isinstance(message, ShadowDone):
+            self._shadow_ran.set()
             if not message.pending:
                 self._retract_unadopted(shadow)
 
@@ -534,7 +632,8 @@ class Speculator(NoSpeculation):
             return None  # a budget is spent
         self.stats.launched += 1
         self.trace.emit("spec_launch", early_id=call.id, tool=name, turn=self._turn, block=block,
-                        lineno=line, deps=sorted({d.id for d in deps}))
+                        lineno=line, deps=sorted({d.id for d in deps}), code_s=shadow.code_s,
+                        posted_s=shadow.posted_s)
         return call
 
     def _window_allows(self, shadow: _Shadow, origin: Origin, lineno: int | None, key: str,
@@ -542,7 +641,8 @@ class Speculator(NoSpeculation):
         """The ghost bound for launches from the open tail (see the module docstring)."""
         if shadow.tail_stalled:
             return False
-        if (origin.site, key) in shadow.tail_keys:
+        if (origin.site, key) in shadow.tail_keys and (
+                shadow.while_lines is None or lineno in shadow.while_lines):
             shadow.tail_stalled = True  # the loop made no progress: stop launching from the tail
             return False
         shadow.tail_keys.add((origin.site, key))

@@ -6,6 +6,16 @@ and errors are identical, and reports sequential wall, speculative wall, speedup
 limit (see `benchmarks.overlap`), efficiency = limit / speculative wall, and hits / misses /
 wasted. Writes JSON, a markdown table and one timeline PNG per pattern.
 
+Launch cost: for every early call the speculative run starts, the time from the moment the code
+making the call was complete (the delta that completed its line, or the block that executed
+before it) to the tool's start, split into fork (until the shadow had its code), shadow (until
+the runtime had its launch: the shadow's run up to the call and the hop back) and dispatch
+(until the tool started). The table reports the p50 per pattern and the first early call of
+each run; the summary, the p50 over all launches and the median first-call latency.
+``--launch-ab`` instead runs every pattern's speculative run with and without the spare shadow
+fork (`agentrt.speculation`: a fork made ahead, so a new line reaches its shadow without a
+fork round trip), alternating which goes first, and prints both launch costs side by side.
+
 ``--systems agentrt,spec-ptc`` also runs the peer, spec-ptc from PyPI (`benchmarks.peer`, in its
 own Python >= 3.12 virtualenv), on each pattern right after agentrt's two runs: same responses,
 same replay tokens and rate, same tools and latencies. Its wall time, its speedup over agentrt's
@@ -16,13 +26,16 @@ rows. Without the peer's virtualenv a note says so and agentrt's rows still run.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
+import statistics
 import time
 from pathlib import Path
 from typing import Any
 
 from agentrt import Agent, ReplayEngine, RunResult
+from agentrt.speculation import Speculator
 
 from .overlap import generation_spans, overlap_limit
 from .patterns import Pattern, patterns, tool_list
@@ -69,6 +82,7 @@ def compare(p: Pattern, tps: float, latency: float,
     seq = run_pattern(p, False, tps, latency)
     spec = run_pattern(p, True, tps, latency)
     limit = overlap_limit(spec.trace, seq.trace)
+    costs = launch_costs(spec.trace)
     row = {
         "pattern": p.name,
         "note": p.note,
@@ -86,6 +100,7 @@ def compare(p: Pattern, tps: float, latency: float,
         "identical": outcome(seq) == outcome(spec),
         "within_bound": spec.wall_s <= seq.wall_s * 1.05 + 0.05,
         "answer": repr(spec.answer)[:80],
+        "launch_costs_ms": costs,
     }
     if peer is not None:
         try:
@@ -94,6 +109,85 @@ def compare(p: Pattern, tps: float, latency: float,
             result = {"error": str(exc)}
         row |= peer_row(seq, result)
     return row | {"_traces": (seq.trace, spec.trace)}
+
+
+def launch_costs(trace) -> list[dict[str, float]]:
+    """Per early call started, in launch order: the milliseconds from its code being complete
+    to its tool's start (``total``), and the segments ``fork``, ``shadow`` and ``dispatch``."""
+    started = {e.data["call_id"]: e.t for e in trace.events
+               if e.kind == "tool_started" and e.data.get("mode") == "early"}
+    costs = []
+    for e in trace.events:
+        if e.kind == "spec_launch" and e.data["early_id"] in started:
+            code, posted = e.data["code_s"], e.data["posted_s"]
+            start = started[e.data["early_id"]]
+            costs.append({"total": (start - code) * 1000, "fork": (posted - code) * 1000,
+                          "shadow": (e.t - posted) * 1000, "dispatch": (start - e.t) * 1000})
+    return costs
+
+
+def _cost_cell(costs: list[dict[str, float]]) -> str:
+    if not costs:
+        return "- | - |"
+    return (f"{statistics.median(c['total'] for c in costs):.1f} | "
+            f"{costs[0]['total']:.1f} |")
+
+
+def launch_summary(rows: list[dict]) -> str:
+    """The launch-cost summary line over every pattern's early calls."""
+    costs = [c for r in rows for c in r.get("launch_costs_ms", [])]
+    firsts = [r["launch_costs_ms"][0]["total"] for r in rows if r.get("launch_costs_ms")]
+    if not costs:
+        return "No early calls were started."
+    parts = {k: statistics.median(c[k] for c in costs) for k in ("total", "fork", "shadow",
+                                                                  "dispatch")}
+    p90 = statistics.quantiles([c["total"] for c in costs], n=10)[-1] if len(costs) > 1 \
+        else costs[0]["total"]
+    return (f"Launch cost over {len(costs)} early calls (code complete -> tool started): p50 "
+            f"{parts['total']:.1f} ms, p90 {p90:.1f} ms; p50 segments: fork {parts['fork']:.1f} "
+            f"ms, shadow {parts['shadow']:.1f} ms, dispatch {parts['dispatch']:.1f} ms. First "
+            f"early call of each run: median {statistics.median(firsts):.1f} ms over "
+            f"{len(firsts)} runs.")
+
+
+@contextlib.contextmanager
+def _without_spare_fork():
+    """Speculative runs in this context fork each shadow when it is needed (the old path)."""
+    take = Speculator._take_spare
+    Speculator._take_spare = lambda self: None
+    try:
+        yield
+    finally:
+        Speculator._take_spare = take
+
+
+def launch_ab(chosen: list[Pattern], tps: float, latency: float) -> str:
+    """Launch costs with and without the spare shadow fork, side by side (see the docstring)."""
+    costs: dict[str, list[dict[str, float]]] = {"spare": [], "no spare": []}
+    firsts: dict[str, list[float]] = {"spare": [], "no spare": []}
+    lines = ["| pattern | first launch ms, spare | first launch ms, no spare |", "|---|---|---|"]
+    for index, p in enumerate(chosen):
+        row = {}
+        for mode in (("spare", "no spare") if index % 2 == 0 else ("no spare", "spare")):
+            with (_without_spare_fork() if mode == "no spare" else contextlib.nullcontext()):
+                run = launch_costs(run_pattern(p, True, tps, latency).trace)
+            costs[mode] += run
+            if run:
+                firsts[mode].append(run[0]["total"])
+            row[mode] = f"{run[0]['total']:.1f}" if run else "-"
+        lines.append(f"| {p.name} | {row['spare']} | {row['no spare']} |")
+        print(lines[-1], flush=True)
+    lines.append("")
+    for mode in costs:
+        parts = {k: statistics.median(c[k] for c in costs[mode])
+                 for k in ("total", "fork", "shadow", "dispatch")}
+        lines.append(f"{mode}: first early call median {statistics.median(firsts[mode]):.1f} ms "
+                     f"over {len(firsts[mode])} runs; all {len(costs[mode])} launches p50 "
+                     f"{parts['total']:.1f} ms (fork {parts['fork']:.1f}, shadow "
+                     f"{parts['shadow']:.1f}, dispatch {parts['dispatch']:.1f})")
+    ratio = statistics.median(firsts["spare"]) / statistics.median(firsts["no spare"])
+    lines.append(f"first early call, spare / no spare: {ratio:.2f}x")
+    return "\n".join(lines)
 
 
 def plot_timeline(name: str, traces, path: Path) -> None:
@@ -149,7 +243,7 @@ def _geomean(values: list[float]) -> float:
 def markdown(rows: list[dict], tps: float, latency: float, peer_note: str | None = None) -> str:
     with_peer = any("peer_identical" in r for r in rows)
     head = ("| pattern | sequential s | speculative s | speedup | limit s | efficiency | launched "
-            "| hits | misses | wasted | retracted | identical |")
+            "| hits | misses | wasted | retracted | identical | launch p50 ms | first launch ms |")
     if with_peer:
         head += f" {PEER} s | {PEER} speedup | {PEER} hits / launched | {PEER} identical |"
     lines = [f"Replay at {tps:g} tok/s, tool latency {latency:g} s (x0.5..x2 per tool).", "",
@@ -159,7 +253,7 @@ def markdown(rows: list[dict], tps: float, latency: float, peer_note: str | None
             f"| {r['pattern']} | {r['sequential_s']:.2f} | {r['speculative_s']:.2f} | "
             f"{r['speedup']:.2f}x | {r['limit_s']:.2f} | {r['efficiency']:.2f} | "
             f"{r['launched']} | {r['hits']} | {r['misses']} | {r['wasted']} | {r['retracted']} | "
-            f"{'yes' if r['identical'] else 'NO'} |"
+            f"{'yes' if r['identical'] else 'NO'} | {_cost_cell(r.get('launch_costs_ms', []))}"
         )
         if with_peer:
             line += _peer_cells(r)
@@ -175,6 +269,7 @@ def markdown(rows: list[dict], tps: float, latency: float, peer_note: str | None
                           f"{_geomean([r['peer_speedup'] for r in both]):.2f}x")
         lines[-1] += (f" ({len(rows) - len(both)} where {PEER} differed or failed count as no "
                       "speedup)")
+    lines += ["", launch_summary(rows)]
     if peer_note:
         lines += ["", peer_note]
     return "\n".join(lines)
@@ -207,6 +302,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="*", help="pattern names to run")
     parser.add_argument("--out", type=Path, default=RESULTS / "patterns")
     parser.add_argument("--no-plots", action="store_true")
+    parser.add_argument("--launch-ab", action="store_true",
+                        help="launch cost with and without the spare shadow fork, side by side")
     parser.add_argument("--systems", default="agentrt",
                         help=f"comma-separated, of {', '.join(SYSTEMS)}: {PEER} runs the peer from "
                              "PyPI next to agentrt (agentrt always runs: its sequential run is the "
@@ -218,6 +315,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown system(s) {unknown}; choose from {', '.join(SYSTEMS)}")
     args.out.mkdir(parents=True, exist_ok=True)
     chosen = [p for p in patterns() if not args.only or p.name in args.only]
+    if args.launch_ab:
+        table = launch_ab(chosen, args.tokens_per_second, args.latency)
+        (args.out / "launch_ab.md").write_text(table + "\n")
+        print("\n" + table)
+        return 0
     rows = []
     t0 = time.monotonic()
     peer, peer_note = start_peer(systems)

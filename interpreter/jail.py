@@ -6,7 +6,7 @@ Two halves:
 * **Runtime side** (:func:`plan_jail`, :func:`bwrap_command`): the root worker is started
   under bubblewrap with new user, PID, network, IPC, UTS and cgroup namespaces, an empty
   environment, no capabilities, and a filesystem of its own: an empty root holding only
-  read-only binds of what Python and agentrt need, the REPL's socket, a few device nodes
+  read-only binds of what Python and agentrt need, the folder of the REPL's socket, a few device nodes
   and a size-limited tmpfs at ``/tmp`` (the only writable path). The syscall filter is
   compiled here once per runtime process with libseccomp (``pyseccomp``) into BPF bytes.
 * **Worker side** (:func:`lock_down`): after the root worker has said hello, it sets its
@@ -194,8 +194,9 @@ def _system_binds() -> list[str]:
     return args
 
 
-def _python_paths() -> list[str]:
-    """Directories the worker needs to import Python, agentrt and its dependencies."""
+def _python_paths(pythonpath: str) -> list[str]:
+    """Directories the worker needs to import Python, agentrt and its dependencies (and the
+    entries of its ``PYTHONPATH``, ``pythonpath``)."""
     import importlib.util
     import sysconfig
 
@@ -209,7 +210,7 @@ def _python_paths() -> list[str]:
             paths.update(spec.submodule_search_locations or [])
             if spec.origin:
                 paths.add(os.path.dirname(spec.origin))
-    for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+    for entry in pythonpath.split(os.pathsep):
         if entry:
             paths.add(os.path.abspath(entry))
     existing = sorted(os.path.realpath(p) for p in paths if os.path.isdir(p))
@@ -227,8 +228,9 @@ def caps_pid_space() -> bool:
     return os.geteuid() == 0
 
 
-def bwrap_command(socket_path: str, environment: dict[str, str], disk_mb: int) -> list[str]:
-    """The bubblewrap argv prefix that starts the root worker in its jail."""
+def bwrap_command(socket_dir: str, environment: dict[str, str], disk_mb: int) -> list[str]:
+    """The bubblewrap argv prefix that starts the root worker in its jail (``socket_dir``: the
+    REPL's own folder holding its socket, which may be created after the worker starts)."""
     import shutil
 
     args = [shutil.which("bwrap") or "bwrap", *_NAMESPACE_FLAGS, "--die-with-parent",
@@ -246,12 +248,12 @@ def bwrap_command(socket_path: str, environment: dict[str, str], disk_mb: int) -
              "--tmpfs", JAIL_TMP]
     for path in _SYSTEM_FILES:
         args += ["--ro-bind-try", path, path]
-    for path in _python_paths():
+    for path in _python_paths(environment.get("PYTHONPATH", "")):
         args += ["--ro-bind", path, path]
     args += ["--dir", "/dev"]
     for device in _DEVICES:
         args += ["--dev-bind-try", device, device]
-    args += ["--ro-bind", socket_path, socket_path]
+    args += ["--ro-bind", socket_dir, socket_dir]
     args += ["--remount-ro", "/", "--chdir", JAIL_TMP, "--"]
     return args
 

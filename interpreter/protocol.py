@@ -64,9 +64,6 @@ import struct
 from itertools import chain
 from typing import Any
 
-TOKEN_ENV = "AGENTRT_REPL_TOKEN"
-"""Environment variable carrying the root worker's hello token."""
-
 MAX_FRAME_BYTES = 16 * 1024 * 1024
 """Largest frame the runtime accepts from a worker (16 MiB)."""
 MAX_DECODED_BYTES = 48 * 1024 * 1024

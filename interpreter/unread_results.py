@@ -5,6 +5,10 @@ In ``for i in range(20):\n    d = fetch(i)\n`` the loop so far looks like a para
 yet, and it may be an exit (``if d > t: break``). ``summaries.append(summarize(doc))`` or
 ``total += score(x)`` consume the result at once: a map or a reduction. The runtime windows the
 launches of the first kind only (`agentrt.speculation`).
+
+`while_loop_lines` tells the other case the runtime must stop: a call that repeats its
+arguments at one site is a loop making no progress only in a ``while`` (its update has not
+streamed); a ``for`` loop advances by itself (``for _ in range(5): votes.append(vote(q))``).
 """
 
 from __future__ import annotations
@@ -41,3 +45,14 @@ def _read_elsewhere(tree: ast.AST, stmt: ast.stmt, names: set[str]) -> bool:
     inside = {id(node) for node in ast.walk(stmt)}
     return any(isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)
                and node.id in names and id(node) not in inside for node in ast.walk(tree))
+
+
+def while_loop_lines(source: str) -> frozenset[int] | None:
+    """Lines (from 1) of ``source`` inside a ``while`` loop (its test and body); None if
+    ``source`` does not parse."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    return frozenset(line for loop in ast.walk(tree) if isinstance(loop, ast.While)
+                     for line in range(loop.lineno, (loop.end_lineno or loop.lineno) + 1))

@@ -1,7 +1,9 @@
 """The sandbox worker process: ``python -m agentrt.interpreter.worker <socket path>``.
 
-The runtime starts one *root* process. Every process connects to the runtime's Unix socket
-with its own connection and introduces itself with ``hello`` (see protocol.py).
+The runtime starts one *root* process: once loaded, it says so on stdout and waits for its
+hello token on stdin (so that it can be started ahead of use, see repl/pool.py). Every process
+connects to the runtime's Unix socket with its own connection and introduces itself with
+``hello`` (see protocol.py).
 
 * **root** never runs model code. It is a child subreaper (Linux), so processes orphaned
   by fork-per-cell are reparented to it and reaped; it reports every exit it reaps, and on
@@ -26,6 +28,7 @@ traceback goes to the worker log): both sides must agree on every op.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import math
 import os
@@ -69,7 +72,6 @@ from .frames import (
 from .protocol import (
     MAX_VALUE_BYTES,
     MAX_VALUE_DEPTH,
-    TOKEN_ENV,
     FramedSocket,
     FrameTooLargeError,
     NotPlainDataError,
@@ -551,16 +553,42 @@ def _become_subreaper() -> None:
         pass
 
 
+MAX_TOKEN_LINE = 256
+
+
+def _await_token() -> str:
+    """Say the worker is loaded (a line on stdout), then read the token of the REPL it is to
+    serve (a line on stdin; a warm worker of the pool, repl/pool.py, waits here until a REPL
+    takes it). At the end of input, exit: the runtime let it go. Both pipes are then replaced
+    by /dev/null."""
+    from . import shadow_worker  # noqa: F401  (what the namespace process loads later)
+
+    with contextlib.suppress(OSError):
+        os.write(1, b"ready\n")
+    line = b""
+    while not line.endswith(b"\n"):
+        chunk = os.read(0, MAX_TOKEN_LINE)
+        if not chunk or len(line) > MAX_TOKEN_LINE:
+            os._exit(0)
+        line += chunk
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, 0)
+    os.dup2(null, 1)
+    os.close(null)
+    return line.decode("ascii", "replace").strip()
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the root worker process."""
     argv = sys.argv if argv is None else argv
     if len(argv) != 2:
         sys.exit("usage: python -m agentrt.interpreter.worker <socket path>")
-    token = os.environ.pop(TOKEN_ENV, "")
+    socket_path = argv[1]
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the runtime SIGTERMs the whole group
+    token = _await_token()
     _become_subreaper()
-    link = FramedSocket.connect(argv[1])
+    link = FramedSocket.connect(socket_path)
     link.send(Hello(os.getpid(), "root", token).to_message())
     init = parse_host_frame(link.recv())
     if not isinstance(init, Init):
@@ -574,7 +602,7 @@ def main(argv: list[str] | None = None) -> None:
         lock_down(lockdown.get("seccomp"), int(lockdown["disk_mb"]),
                   bool(lockdown.get("bound_pids")))
     config = WorkerConfig(
-        socket_path=argv[1],
+        socket_path=socket_path,
         memory_mb=int(limits["memory_mb"]),
         max_output_chars=int(limits["max_output_chars"]),
         recursion_limit=int(limits["recursion_limit"]),

@@ -10,6 +10,7 @@ root worker's PID namespace (with the jail), or in its session (without).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import select
@@ -21,6 +22,19 @@ from collections import defaultdict
 
 _SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)  # Linux 6.5+
 _FREEZE_ROUNDS = 20
+
+
+async def exited(pidfd: int) -> None:
+    """Wait (on the running asyncio loop, without blocking it) until ``pidfd``'s process has
+    exited, i.e. the pidfd turned readable. One waiter per descriptor: a second registration of
+    the same descriptor would replace the first."""
+    loop = asyncio.get_running_loop()
+    gone = loop.create_future()
+    loop.add_reader(pidfd, lambda: gone.done() or gone.set_result(None))
+    try:
+        await gone
+    finally:
+        loop.remove_reader(pidfd)
 
 
 def peer_credentials(sock: socket.socket) -> tuple[int | None, int | None]:

@@ -19,7 +19,6 @@ the message stream (messages.py).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import inspect
@@ -262,13 +261,9 @@ class ReplService:
 
     async def _watch_exit(self, proc: Proc, pidfd: int) -> None:
         """Mark ``proc`` exited when its pidfd turns readable (the kernel's word, not its own)."""
-        loop = asyncio.get_running_loop()
-        gone = loop.create_future()
-        loop.add_reader(pidfd, lambda: gone.done() or gone.set_result(None))
         try:
-            await gone
+            await process_tree.exited(pidfd)
         finally:
-            loop.remove_reader(pidfd)
             proc.close_pidfd()
         proc.observe_exit()
         self._table.forget_if_finished(proc)

@@ -13,9 +13,6 @@ import keyword
 import os
 import shutil
 import signal
-import subprocess
-import sys
-import tempfile
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -26,15 +23,21 @@ import anyio.abc
 from .. import jail
 from ..cgroup import ReplCgroup
 from ..frames import Exit, Extend, GetVar, HostFrame, Init, Request, SetVar, Spawn, Summary
-from ..protocol import TOKEN_ENV, to_plain
+from ..protocol import to_plain
 from .limits import ReplLimits
 from .messages import ReplMessages
+from .pool import (
+    StartedWorker,
+    WorkerPool,
+    WorkerSpec,
+    socket_path,
+    start_worker,
+    worker_directory,
+)
 from .processes import Proc, ProcessTable, death_cause
 from .results import CellResult, ReplError, ReplProcessDied, VariableSummary
 from .service import ReplService, ToolHandler
 from .transport import ReplTransport
-
-WORKER_MODULE = "agentrt.interpreter.worker"
 
 
 def _check_variable_name(name: str) -> None:
@@ -148,14 +151,16 @@ class Repl:
     """The sandboxed REPL: one persistent namespace, run cell by cell, in worker processes.
 
     ``tool_handler`` serves the tool calls made by sandboxed code; ``tool_names`` lists the
-    tools (a mapping gives each a one-line signature for ``help()``). Use as an async
+    tools (a mapping gives each a one-line signature for ``help()``). ``pool``: take the
+    root worker from this pool of warm workers when it has one ready (see pool.py; the
+    REPL then does not wait for the worker to start), else start one. Use as an async
     context manager, or call :meth:`start` and :meth:`aclose` from one task (the REPL's
     service runs in a task group of that task). Requires asyncio.
     """
 
     def __init__(self, tool_handler: ToolHandler,
                  tool_names: Iterable[str] | Mapping[str, str] = (),
-                 limits: ReplLimits = ReplLimits()) -> None:
+                 limits: ReplLimits = ReplLimits(), *, pool: WorkerPool | None = None) -> None:
         self._tool_handler = tool_handler
         if isinstance(tool_names, Mapping):
             self._tools = {str(k): str(v) for k, v in tool_names.items()}
@@ -174,9 +179,13 @@ class Repl:
         self._stack: contextlib.AsyncExitStack | None = None
         self._service: ReplService | None = None
         self._transport: ReplTransport | None = None
-        self._root_process: anyio.abc.Process | None = None
+        self._pool = pool
+        self.warm_start = False
+        """Whether the root worker came warm from the pool."""
+        self._root_process: StartedWorker | None = None
         self._main: ReplSession | None = None
         self._jail = jail.OFF
+        self._spec = WorkerSpec(False, 0)
         self._cgroup: ReplCgroup | None = None
         self._messages: ReplMessages | None = None
 
@@ -196,15 +205,19 @@ class Repl:
             return
         self._started = True
         self._lock = anyio.Lock()
-        self._tmpdir = Path(tempfile.mkdtemp(prefix="agentrt-repl-"))
-        (self._tmpdir / "work").mkdir()
-        self._socket_path = str(self._tmpdir / "repl.sock")
         self._stack = contextlib.AsyncExitStack()
         try:
             try:
                 self._jail = await anyio.to_thread.run_sync(jail.plan_jail, self.limits.jail)
             except jail.JailUnavailable as exc:
                 raise ReplError(str(exc)) from None
+            self._spec = WorkerSpec.of(self._jail, self.limits)
+            warm = self._pool.take(self._spec) if self._pool is not None else None
+            self.warm_start = warm is not None
+            self._tmpdir = warm.directory if warm is not None else worker_directory()
+            self._socket_path = socket_path(self._tmpdir)
+            if warm is not None:
+                self._root_process = warm  # stopped by aclose() from here on
             self._table.namespaced = self._jail.namespaces
             if self._jail.namespaces:  # a few small writes under /sys/fs/cgroup, if any
                 memory = self.limits.memory_mb
@@ -216,7 +229,7 @@ class Repl:
                 messages=self._messages))
             self._transport = ReplTransport(self._table, self.limits,
                                             self._tmpdir / "worker.log")
-            await self._start_root()
+            await self._start_root(warm)
             self._main = ReplSession(self._transport, await self._spawn_holder())
         except BaseException:
             await self.aclose()
@@ -356,31 +369,18 @@ class Repl:
             await self._ensure_main()
             return await call(self._main)
 
-    def _worker_env(self, token: str) -> dict[str, str]:
-        env = {"PATH": os.environ.get("PATH", os.defpath), "LANG": "C.UTF-8",
-               "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONSAFEPATH": "1",
-               TOKEN_ENV: token}
-        if os.environ.get("PYTHONPATH"):
-            env["PYTHONPATH"] = os.environ["PYTHONPATH"]
-        return env
-
-    async def _start_root(self) -> None:
+    async def _start_root(self, warm: StartedWorker | None = None) -> None:
+        """Start the root worker (or take ``warm``, from the pool), connect and configure it."""
         root = self._table.new_proc("root")
-        command = [sys.executable, "-m", WORKER_MODULE, self._socket_path]
-        env = self._worker_env(root.token)
-        if self._jail.namespaces:  # the worker gets an empty environment plus these
-            del env["PATH"]
-            command = jail.bwrap_command(self._socket_path, env, self.limits.disk_mb) + command
-            env = {}
-        with open(self._tmpdir / "worker.log", "ab") as log:
-            process = await anyio.open_process(
-                command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
-                cwd=self._tmpdir / "work", env=env, start_new_session=True)
+        # From the event loop's thread, which lives as long as the REPL (the jail's worker
+        # dies with the thread that started it).
+        process = warm or start_worker(self._spec, self._tmpdir)
         if not self._jail.namespaces:  # otherwise known from its connection
             root.pid = root.wire_pid = process.pid
             self._table.by_pid[process.pid] = root
         self._table.root, self._root_process = root, process
         self._service.start_soon(self._watch_root, process, root)
+        process.hand_token(root.token)
         await self._transport.await_ready(root, "the sandbox worker")
         lockdown = None
         if self._jail.active:
@@ -393,7 +393,7 @@ class Repl:
                               "recursion_limit": self.limits.recursion_limit},
                              tuple(self._tools.items()), lockdown))
 
-    async def _watch_root(self, process: anyio.abc.Process, root: Proc) -> None:
+    async def _watch_root(self, process: StartedWorker, root: Proc) -> None:
         code = await process.wait()
         if self._jail.namespaces and code > 128:  # bubblewrap reports a signal as 128 + n
             code = -(code - 128)
@@ -454,6 +454,7 @@ class Repl:
             with contextlib.suppress(ReplProcessDied):
                 await root.send(Exit())
         if process is not None:
+            process.let_go()  # a worker still waiting for its token exits
             with anyio.move_on_after(3):
                 await process.wait()
             if process.returncode is None:
@@ -461,6 +462,7 @@ class Repl:
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.killpg(group, signal.SIGKILL)
                 await process.wait()
+            process.release()
         # In the jail the processes die with their namespace, after its outer process exits:
         # let their connections end before the service is cancelled (a read cancelled while
         # its socket turns readable trips asyncio).

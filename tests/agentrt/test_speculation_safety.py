@@ -286,6 +286,20 @@ def test_unfinished_while_loop_launches_at_most_twice_the_calls():
     assert spec[1].invocations["lookup"] <= 2 * 5
 
 
+def test_identical_calls_of_a_streaming_for_loop_all_launch_before_it_closes():
+    # a repeated key stops the tail's launches only inside a while (no progress); a for loop
+    # advances by itself: its five identical calls go out before the loop statement closes
+    code = ("votes = []\nfor _ in range(5):\n    votes.append(lookup(1))\nn = len(votes)\n"
+            "FINAL(votes)")
+    seq, spec = run_both([fence(code)], tps=4, latency=1.0)
+    assert_same(seq, spec)
+    events = spec[0].trace.events
+    closed = next(e.t for e in events if e.kind == "statement_closed" and e.data["lineno"] == 2)
+    early = [e.t for e in events if e.kind == "spec_launch" and e.data["tool"] == "lookup"]
+    assert len(early) == 5 and max(early) < closed, (early, closed)
+    assert spec[0].stats.hits == 5
+
+
 def test_data_dependent_break_leaves_few_unused_early_calls():
     code = ("found = None\nfor i in range(20):\n    if check(i):\n        found = i\n"
             "        break\nFINAL(found)")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agentrt.interpreter.unread_results import unread_result_lines
+from agentrt.interpreter.unread_results import unread_result_lines, while_loop_lines
 
 
 @pytest.mark.parametrize("source, lines", [
@@ -23,3 +23,13 @@ from agentrt.interpreter.unread_results import unread_result_lines
 ])
 def test_unread_result_lines(source, lines):
     assert unread_result_lines(source) == lines
+
+
+@pytest.mark.parametrize("source, lines", [
+    ("while i < n:\n    r = lookup(i)\n", {1, 2}),
+    ("for _ in range(5):\n    v.append(vote(q))\n", set()),
+    ("x = 1\nfor i in xs:\n    while ok(i):\n        f(i)\n", {3, 4}),
+    ("while ok(\n", None),  # does not parse
+])
+def test_while_loop_lines(source, lines):
+    assert while_loop_lines(source) == (None if lines is None else frozenset(lines))
