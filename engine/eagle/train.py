@@ -65,12 +65,13 @@ class Recipe:
     min_vocab: int = 256
     checkpoint_every: int = 25
     max_num_seqs: int = 16
+    """Requests the engine batches while generating replies."""
     seed: int = 0
 
 
 RECIPES: dict[str, Recipe] = {
-    "default": Recipe("default", prompts=480, max_tokens=160, sampled_share=0.25, coverage=0.95,
-                      steps=300, batch=4, window=384, ttt_steps=3),
+    "default": Recipe("default", prompts=160, max_tokens=128, sampled_share=0.25, coverage=0.95,
+                      steps=200, batch=4, window=320, ttt_steps=3, max_num_seqs=32),
     "tiny": Recipe("tiny", prompts=4, max_tokens=12, sampled_share=0.5, coverage=0.95, steps=4,
                    batch=2, window=48, ttt_steps=2, mix=(0.0, 0.5, 0.5), warmup=1, min_vocab=64,
                    checkpoint_every=2, max_num_seqs=4),
@@ -100,7 +101,7 @@ def train(model: str = "smollm2-135m", recipe: str | Recipe = "default", out: st
     prompts = training_prompts(r.prompts, r.seed, r.mix)
     heldout = heldout_texts()
     check_no_overlap(prompts, heldout)
-    state = {"recipe": asdict(r), "prompts": digest(prompts)}
+    state = json.loads(json.dumps({"recipe": asdict(r), "prompts": digest(prompts)}))
     state_file = work / "state.json"
     if not resume or not state_file.is_file() or json.loads(state_file.read_text()) != state:
         for stale in work.iterdir():
@@ -208,7 +209,8 @@ def _fit(head: DraftHead, target: Transformer, samples: list[Sample], r: Recipe,
     try:
         while step < r.steps:
             batch = [samples[rng.randrange(len(samples))] for _ in range(r.batch)]
-            losses, accuracy = _ttt_loss(head, embed, to_draft, batch, r, rng)
+            with torch.autocast("cpu", dtype=torch.bfloat16):  # ~2.5x faster on CPU
+                losses, accuracy = _ttt_loss(head, embed, to_draft, batch, r, rng)
             loss = sum(0.8 ** j * l for j, l in enumerate(losses)) / sum(0.8 ** j for j in range(len(losses)))
             optimizer.zero_grad()
             loss.backward()
@@ -263,7 +265,7 @@ def _ttt_loss(head: DraftHead, embed: torch.Tensor, to_draft: torch.Tensor, batc
     for j, out in enumerate(outs):
         target = labels.clone()
         target[:, :j] = -1
-        logits = head.logits(out)
+        logits = head.logits(out).float()
         losses.append(F.cross_entropy(logits.flatten(0, 1), target.flatten(), ignore_index=-1))
         valid = target >= 0
         accuracy.append(float((logits.argmax(-1)[valid] == target[valid]).float().mean()) if valid.any() else 0.0)
