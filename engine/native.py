@@ -46,7 +46,7 @@ from .drafters.eagle import EagleDrafter, HybridDrafter
 from .drafters.model import ModelDrafter
 from .drafters.ngram import NgramDrafter
 from .drafters.suffix import SuffixDrafter
-from .eagle.head import DraftHead, check_target, head_dir
+from .eagle.head import DraftHead, check_target, head_dir, model_name
 from .kv_cache import KVPool
 from .llama import SeqRows, Transformer, synchronize
 from .metrics import BatchMetrics, DecodeMetrics
@@ -152,9 +152,11 @@ class NativeEngine(BaseEngine):
 
     def _eagle_drafter(self) -> EagleDrafter:
         """The learned head for this target (refused when trained for another one)."""
-        name = None if Path(self.model_name).is_dir() else str(self.model_name)
-        where = (Path(self.config.draft_head) if self.config.draft_head is not None
-                 else head_dir(name or Path(self.model_name).name))
+        name = model_name(self.model_name)
+        if self.config.draft_head is None and name is None:
+            raise ValueError(f"drafter={self.config.drafter!r} for the local model "
+                             f"{self.model_name}: pass draft_head (a head directory)")
+        where = Path(self.config.draft_head) if self.config.draft_head is not None else head_dir(name)
         head = DraftHead.load(where)
         check_target(head.config, name, self.model.cfg, str(where))
         return EagleDrafter(head, self.model.embed)

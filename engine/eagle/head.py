@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -407,6 +407,15 @@ def head_dir(model: str, cache_dir: str | Path | None = None) -> Path:
     return home(cache_dir) / "models" / model / "drafters" / "eagle"
 
 
-def config_dict(config: HeadConfig) -> dict[str, Any]:
-    """``config`` as a plain dict (for checkpoints)."""
-    return asdict(config)
+def model_name(model: str | Path) -> str | None:
+    """The registry name of ``model``: the name itself, or the name a pulled model directory's
+    manifest records (None for another local directory)."""
+    from ..models import MANIFEST
+
+    path = Path(model).expanduser()
+    if not path.is_dir():
+        return str(model)
+    try:
+        return json.loads((path / MANIFEST).read_text())["name"]
+    except (OSError, ValueError, KeyError):
+        return None
