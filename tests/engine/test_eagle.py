@@ -40,9 +40,12 @@ def target() -> Transformer:
 
 @pytest.fixture(scope="module")
 def tiny_head(tmp_path_factory) -> Path:
-    """The tiny recipe's head (trained once for the module)."""
-    return train("smollm2-135m", "tiny", tmp_path_factory.mktemp("head"), progress=False,
-                 log=lambda _: None)
+    """The tiny recipe's head, made once for the module by the command line."""
+    from agentrt.cli import main
+
+    out = tmp_path_factory.mktemp("head") / "eagle"
+    assert main(["draft", "train", "--model", "smollm2-135m", "--recipe", "tiny", "--out", str(out)]) == 0
+    return out
 
 
 def run(engine, prompts, params, batched: bool) -> list[list[int]]:
@@ -292,3 +295,31 @@ def test_sampled_head_drafts_keep_the_target_distribution():
     empirical = torch.bincount(first, minlength=12).double() / n
     tv = 0.5 * (empirical - p[0].double()).abs().sum().item()
     assert tv < math.sqrt(12 / n), f"total variation {tv:.4f} from the target"
+
+
+# ------------------------------------------------------------------- command line, bench
+
+def test_draft_eval_prints_acceptance_per_position(tiny_head, capsys):
+    from agentrt.cli import main
+
+    assert main(["draft", "eval", "--head", str(tiny_head), "--prompts", "2",
+                 "--draft-tokens", "3", "--max-tokens", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "2 held-out prompts, 3 drafted tokens per step" in out
+    assert "mean accepted length" in out
+    rows = [line.split() for line in out.splitlines() if line.strip()[:1].isdigit()]
+    assert [r[0] for r in rows] == ["1", "2", "3"] and int(rows[0][1]) > 0
+
+
+def test_engine_benchmark_runs_the_head_systems(tiny_head, tmp_path):
+    from benchmarks import engine_bench
+
+    options = json.dumps({"draft_head": str(tiny_head)})
+    code = engine_bench.main(["--systems", "plain,eagle,hybrid", "--sets", "chat", "--limit", "1",
+                              "--max-tokens", "8", "--drafter-config", options, "--out", str(tmp_path)])
+    assert code == 0
+    (result,) = tmp_path.glob("engine-*.json")
+    rows = json.loads(result.read_text())["rows"]
+    texts = {r["system"]: r["text"] for r in rows}
+    assert set(texts) == {"plain", "eagle", "hybrid"}
+    assert texts["eagle"] == texts["plain"] == texts["hybrid"]
