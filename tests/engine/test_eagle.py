@@ -323,3 +323,40 @@ def test_engine_benchmark_runs_the_head_systems(tiny_head, tmp_path):
     texts = {r["system"]: r["text"] for r in rows}
     assert set(texts) == {"plain", "eagle", "hybrid"}
     assert texts["eagle"] == texts["plain"] == texts["hybrid"]
+
+
+def test_hybrid_takes_the_draft_with_more_expected_tokens_per_second():
+    """The suffix lookup's draft when its match-length bucket is accepted more often per unit
+    of cost than the head's drafts, else the head's."""
+    from agentrt.engine.draft_policy import AdaptiveK, StepCosts, choose_drafts
+    from agentrt.engine.drafters.eagle import HybridDrafter
+
+    cfg = LlamaConfig(vocab_size=40, hidden_size=32, intermediate_size=64, num_layers=4,
+                      num_heads=2, num_kv_heads=1, head_dim=16)
+    head = DraftHead(HeadConfig.for_target("toy", cfg, 40))
+    head.set_vocabulary(range(40))
+    torch.manual_seed(0)
+    drafter = HybridDrafter(EagleDrafter(head, torch.randn(40, 32)))
+    prompt = [5, 6, 7, 8, 9, 10, 11, 12, 1, 2, 5, 6, 7, 8, 9, 10]  # ends in a long repeat
+    state = drafter.begin(prompt)
+    state.add_features(0, torch.randn(len(prompt) - 1, 3 * 32))
+    class Seq:  # the fields choose_drafts reads of a request
+        params, produced, computed, priority = SamplingParams(max_tokens=50), 0, len(prompt) - 1, 0
+
+    seq = Seq()
+    seq.state = state
+    lookup = state.lookup_draft(8)
+    assert lookup.match_len >= 4 and lookup.tokens[:2] == [11, 12]
+
+    def plan(lookup_hits: float, head_hits: float) -> list[int]:
+        policy = AdaptiveK(StepCosts({1: 0.01, 8: 0.012, 16: 0.02}), max_k=8, draft_cost_per_token=0.001)
+        for _ in range(30):
+            policy.observe(8, round(8 * lookup_hits), AdaptiveK.bucket_of(lookup.match_len))
+            policy.observe(8, round(8 * head_hits), 0)
+        (drafted, draft), = choose_drafts([seq], policy, False, None, 8, 4096, hybrid=True).values()
+        assert draft.match_len == (lookup.match_len if drafted[:1] == [11] else 0)
+        return drafted
+
+    assert plan(lookup_hits=1.0, head_hits=0.5)[:2] == [11, 12]
+    from_head = plan(lookup_hits=0.0, head_hits=1.0)
+    assert from_head and from_head == state.model_draft(len(from_head)).tokens
