@@ -272,7 +272,7 @@ class DraftHead(nn.Module):
     def _qkv(self, h: Tensor, e: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Queries, keys, values ``[..., n, heads, head_dim]`` of rows ``(h, e)``."""
         c, layer = self.config, self.midlayer
-        x = torch.cat([layer.input_layernorm(e), layer.hidden_norm(h)], dim=-1)
+        x = torch.cat([_norm(layer.input_layernorm, e), _norm(layer.hidden_norm, h)], dim=-1)
         attn = layer.self_attn
         q = attn.q_proj(x).unflatten(-1, (c.num_heads, c.head_dim))
         k = attn.k_proj(x).unflatten(-1, (c.num_kv_heads, c.head_dim))
@@ -283,12 +283,12 @@ class DraftHead(nn.Module):
         """The layer's pre-norm output from attention rows ``[..., n, heads * head_dim]``."""
         layer = self.midlayer
         h2 = layer.self_attn.o_proj(attn) + h
-        x = layer.post_attention_layernorm(h2)
+        x = _norm(layer.post_attention_layernorm, h2)
         return layer.mlp.down_proj(F.silu(layer.mlp.gate_proj(x)) * layer.mlp.up_proj(x)) + h2
 
     def logits(self, out: Tensor) -> Tensor:
         """Draft-vocabulary logits of pre-norm outputs."""
-        return self.lm_head(self.norm(out))
+        return self.lm_head(_norm(self.norm, out))
 
     def fuse(self, features: Tensor) -> Tensor:
         """``fc`` of target features ``[..., 3 * target_hidden]``."""
@@ -389,6 +389,11 @@ class DraftHead(nn.Module):
         if missing or unexpected:
             raise ValueError(f"{weights}: missing tensors {missing}, unexpected {unexpected}")
         return head.eval()
+
+
+def _norm(norm: nn.RMSNorm, x: Tensor) -> Tensor:
+    """RMSNorm computed in float32 (also under autocast, as vLLM computes it)."""
+    return F.rms_norm(x.float(), norm.normalized_shape, norm.weight, norm.eps)
 
 
 def _shift(x: Tensor, by: int, dim: int = 2) -> Tensor:
