@@ -12,7 +12,8 @@ own guesses at the next step.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -57,8 +58,9 @@ class EagleDrafter:
                 for _ in range(5):
                     cache.length = 64
                     start = time.perf_counter()
-                    out = self.head.extend(cache, h[:1], self.embed[:1].float())
-                    int(self.head.logits(out).argmax())
+                    with one_thread():
+                        out = self.head.extend(cache, h[:1], self.embed[:1].float())
+                        int(self.head.logits(out).argmax())
                     best = min(best, time.perf_counter() - start)
             self._cost = best
         return self._cost
@@ -122,6 +124,10 @@ class EagleState:
         """Up to ``k`` tokens from the head (none until its features reach the last token)."""
         if k <= 0 or not self._catch_up():
             return Draft([])
+        with one_thread():  # one-row steps: waking a second thread costs more than it saves
+            return self._draft(k)
+
+    def _draft(self, k: int) -> Draft:
         head, s = self.drafter.head, self.sampling
         target_ids = self.drafter.target_ids
         keep = self.cache.length
@@ -147,6 +153,20 @@ class EagleState:
 
     def end(self) -> None:
         return None
+
+
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """Run torch ops on one thread inside (restoring the setting after)."""
+    before = torch.get_num_threads()
+    if before == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 class HybridDrafter:

@@ -305,13 +305,16 @@ class DraftHead(nn.Module):
         positions = torch.arange(cache.end, cache.end + n)
         q, k, v = self._qkv(h, e, positions)
         cache.append(k, v)
-        keys = cache.keys[:cache.length].transpose(0, 1)
+        keys = cache.keys[:cache.length].transpose(0, 1)  # [kv_heads, L, D]
         values = cache.values[:cache.length].transpose(0, 1)
-        mask = None
+        groups = c.num_heads // c.num_kv_heads
+        # the query heads sharing a kv head stacked along the query axis: [kv_heads, groups * n, D]
+        grouped = q.transpose(0, 1).reshape(c.num_kv_heads, groups * n, c.head_dim)
+        scores = grouped @ keys.transpose(1, 2) * (1.0 / math.sqrt(c.head_dim))
         if n > 1:
-            mask = torch.arange(cache.length)[None, :] <= torch.arange(cache.length - n, cache.length)[:, None]
-        attn = F.scaled_dot_product_attention(q.transpose(0, 1), keys, values, attn_mask=mask,
-                                              enable_gqa=c.num_heads != c.num_kv_heads)
+            future = torch.arange(cache.length)[None, :] > torch.arange(cache.length - n, cache.length)[:, None]
+            scores = scores.masked_fill(future.repeat(groups, 1), float("-inf"))
+        attn = (torch.softmax(scores, dim=-1) @ values).view(c.num_heads, n, c.head_dim)
         return self._finish(attn.transpose(0, 1).flatten(-2), h)
 
     # ------------------------------------------------------------------- training

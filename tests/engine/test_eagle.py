@@ -360,3 +360,26 @@ def test_hybrid_takes_the_draft_with_more_expected_tokens_per_second():
     assert plan(lookup_hits=1.0, head_hits=0.5)[:2] == [11, 12]
     from_head = plan(lookup_hits=0.0, head_hits=1.0)
     assert from_head and from_head == state.model_draft(len(from_head)).tokens
+
+
+def test_training_forward_computes_what_drafting_computes():
+    """Training-time test step j at position t equals drafting j tokens after position t - j:
+    the head's cache over the target's features up to t - j, then its own outputs."""
+    cfg = LlamaConfig(vocab_size=30, hidden_size=32, intermediate_size=64, num_layers=4,
+                      num_heads=4, num_kv_heads=2, head_dim=8)
+    torch.manual_seed(0)
+    head = DraftHead(HeadConfig.for_target("toy", cfg, 30)).eval()
+    T = 10
+    features, embeds = torch.randn(1, T, 3 * 32), torch.randn(1, T, 32)
+    with torch.no_grad():
+        steps = head.train_forward(features, embeds, torch.arange(T), 3)
+        from agentrt.engine.eagle.head import HeadCache
+
+        for last in (3, 6):  # the target's features reach position `last`
+            cache = HeadCache.empty(head.config, 4)
+            out = head.extend(cache, head.fuse(features[0, :last + 1]), embeds[0, :last + 1])
+            assert torch.allclose(out, steps[0][0, :last + 1], atol=1e-5)
+            h = out[-1:]
+            for j in (1, 2):  # draft step j sits at position last + j
+                h = head.extend(cache, h, embeds[0, last + j:last + j + 1])
+                assert torch.allclose(h[0], steps[j][0, last + j], atol=1e-5), (last, j)
