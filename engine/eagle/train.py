@@ -193,7 +193,7 @@ def _fit(head: DraftHead, target: Transformer, samples: list[Sample], r: Recipe,
     step, rng = 0, random.Random(r.seed)
     checkpoint = work / "checkpoint.pt"
     if (work / "done").is_file():
-        head.load_state_dict(torch.load(checkpoint)["head"])
+        head.load_state_dict(torch.load(checkpoint, weights_only=False)["head"])
         return
     if checkpoint.is_file():
         saved = torch.load(checkpoint, weights_only=False)
