@@ -32,8 +32,15 @@ class EvalReport:
 
     @property
     def acceptance(self) -> list[float]:
-        """Per position i: the share of drafts reaching position i whose token i was accepted."""
+        """Per position i: the share of drafts whose tokens 0..i were all accepted."""
         return [a / d if d else 0.0 for a, d in zip(self.accepted_per_position, self.drafted_per_position)]
+
+    @property
+    def conditional(self) -> list[float]:
+        """Per position i: the share of drafts with tokens 0..i-1 accepted whose token i was
+        accepted too."""
+        reached = [d for d in self.drafted_per_position[:1]] + self.accepted_per_position[:-1]
+        return [a / r if r else 0.0 for a, r in zip(self.accepted_per_position, reached)]
 
     @property
     def mean_accepted(self) -> float:
@@ -92,8 +99,8 @@ def format_report(report: EvalReport) -> str:
              f"drafted tokens per step, {report.generated_tokens} tokens in "
              f"{report.verify_steps} verify steps ({report.wall_s:.1f} s)",
              f"mean accepted length (tokens per verify step): {report.mean_accepted:.2f}",
-             "position  drafted  accepted  acceptance"]
-    for i, (d, a, r) in enumerate(zip(report.drafted_per_position, report.accepted_per_position,
-                                      report.acceptance)):
-        lines.append(f"{i + 1:8d} {d:8d} {a:9d} {r:11.3f}")
+             "position  drafted  accepted  acceptance  given the earlier ones"]
+    for i, (d, a, r, c) in enumerate(zip(report.drafted_per_position, report.accepted_per_position,
+                                         report.acceptance, report.conditional)):
+        lines.append(f"{i + 1:8d} {d:8d} {a:9d} {r:11.3f} {c:23.3f}")
     return "\n".join(lines)
