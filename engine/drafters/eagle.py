@@ -42,9 +42,33 @@ class EagleDrafter:
         """The target layers whose input the engine captures for this drafter."""
         self.target_ids = head.target_ids()
         self._cost: float | None = None
+        self.kept: list[tuple[list[int], HeadCache]] = []
+        """The head caches of the last `KEEP` finished requests, with their tokens."""
+
+    KEEP = 8
 
     def begin(self, prompt_ids: Sequence[int], sampling: DraftSampling | None = None) -> EagleState:
-        return EagleState(self, prompt_ids, sampling or DraftSampling())
+        """Start a request; its head cache starts with what a finished request computed for
+        the longest prefix they share (as the target's prefix cache skips those positions)."""
+        state = EagleState(self, prompt_ids, sampling or DraftSampling())
+        best, best_end = None, 0
+        for tokens, cache in self.kept:
+            shared = 0
+            for a, b in zip(tokens, state.tokens):
+                if a != b:
+                    break
+                shared += 1
+            end = min(cache.end, shared - 1)  # the pair at p reads the token at p + 1
+            if end > max(best_end, cache.start):
+                best, best_end = cache, end
+        if best is not None:
+            state.cache = best.copy_until(best_end)
+        return state
+
+    def keep(self, tokens: list[int], cache: HeadCache) -> None:
+        """Remember a finished request's head cache (the oldest of `KEEP` is dropped)."""
+        self.kept.append((tokens, cache))
+        del self.kept[:-self.KEEP]
 
     def draft_cost(self) -> float:
         """Seconds of one drafted token (one head step after 64 positions; best of 5)."""
@@ -70,8 +94,8 @@ class EagleDrafter:
         return None
 
     def reset(self) -> None:
-        """Nothing is kept across requests."""
-        return None
+        """Forget the kept head caches."""
+        self.kept.clear()
 
 
 class EagleState:
@@ -152,7 +176,9 @@ class EagleState:
         return Draft(tokens, torch.stack(probs) if probs else None)
 
     def end(self) -> None:
-        return None
+        """Offer the head cache to later requests with the same prefix."""
+        if self.cache.length:
+            self.drafter.keep(self.tokens, self.cache)
 
 
 @contextmanager

@@ -207,6 +207,11 @@ class HeadCache:
         """Drop every entry; the next one is for ``position``."""
         self.start, self.length = position, 0
 
+    def copy_until(self, end: int) -> HeadCache:
+        """A copy holding the entries for positions ``start .. end - 1``."""
+        n = end - self.start
+        return HeadCache(self.keys[:n].clone(), self.values[:n].clone(), self.start, n)
+
     def append(self, k: Tensor, v: Tensor) -> None:
         n = k.shape[0]
         if self.length + n > self.keys.shape[0]:

@@ -383,3 +383,34 @@ def test_training_forward_computes_what_drafting_computes():
             for j in (1, 2):  # draft step j sits at position last + j
                 h = head.extend(cache, h, embeds[0, last + j:last + j + 1])
                 assert torch.allclose(h[0], steps[j][0, last + j], atol=1e-5), (last, j)
+
+
+def test_a_shared_prefix_reuses_the_head_cache_of_a_finished_request():
+    """A request whose prompt prefix was served from the target's prefix cache gets no
+    features there; the head then starts from a finished request's cache of that prefix and
+    drafts exactly what it drafts with every feature."""
+    cfg = LlamaConfig(vocab_size=40, hidden_size=32, intermediate_size=64, num_layers=4,
+                      num_heads=2, num_kv_heads=1, head_dim=16)
+    torch.manual_seed(0)
+    head = DraftHead(HeadConfig.for_target("toy", cfg, 40))
+    head.set_vocabulary(range(40))
+    drafter = EagleDrafter(head, torch.randn(40, 32))
+    shared = list(range(3, 20))
+    first, second = shared + [21, 22, 23], shared + [30, 31]
+    features = {tuple(first): torch.randn(len(first), 96)}
+    features[tuple(second)] = torch.cat([features[tuple(first)][:len(shared)], torch.randn(2, 96)])
+    done = drafter.begin(first)
+    done.add_features(0, features[tuple(first)][:-1])
+    done.draft(2)
+    done.end()
+    fresh = EagleDrafter(head, drafter.embed).begin(second)
+    fresh.add_features(0, features[tuple(second)][:-1])
+    reused = drafter.begin(second)
+    assert reused.cache.length == len(shared) - 1
+    cached = 16  # the target computed only from here on
+    reused.add_features(cached, features[tuple(second)][cached:-1])
+    with torch.no_grad():
+        assert reused.draft(3).tokens == fresh.draft(3).tokens
+        assert torch.allclose(reused.last_out, fresh.last_out, atol=1e-5)
+    drafter.reset()
+    assert drafter.begin(second).cache.length == 0
