@@ -136,6 +136,22 @@ def _cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_draft(args: argparse.Namespace) -> int:
+    if args.draft_cmd == "train":
+        from agentrt.engine.eagle.train import train
+
+        path = train(args.model, args.recipe, args.out, threads=args.threads,
+                     resume=not args.restart)
+        print(f"draft head for {args.model}: {path}")
+        return 0
+    from agentrt.engine.eagle.evaluate import evaluate, format_report
+
+    report = evaluate(args.model, args.head, prompts=args.prompts, draft_tokens=args.draft_tokens,
+                      max_tokens=args.max_tokens, precision=args.precision, threads=args.threads)
+    print(format_report(report))
+    return 0
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from .demo import main as demo_main
 
@@ -188,6 +204,26 @@ def build_parser() -> argparse.ArgumentParser:
                       help="repeatable; default both")
     msub.add_parser("list", help="list pulled models")
     models.set_defaults(func=_cmd_models)
+
+    draft = sub.add_parser("draft", help="train and evaluate a learned draft head for a model")
+    dsub = draft.add_subparsers(dest="draft_cmd", required=True)
+    dtrain = dsub.add_parser("train", help="self-distil a draft head (resumes an interrupted run)")
+    dtrain.add_argument("--model", default="smollm2-135m")
+    dtrain.add_argument("--recipe", default="default", choices=("default", "tiny"),
+                        help="default: the head the engine uses; tiny: seconds, for tests")
+    dtrain.add_argument("--out", help="head directory (default: the model cache's "
+                                      "models/<model>/drafters/eagle)")
+    dtrain.add_argument("--restart", action="store_true", help="start over instead of resuming")
+    dtrain.add_argument("--threads", type=int, help="torch CPU threads")
+    deval = dsub.add_parser("eval", help="acceptance per draft position on held-out prompts")
+    deval.add_argument("--model", default="smollm2-135m")
+    deval.add_argument("--head", help="head directory (default: the model cache's)")
+    deval.add_argument("--prompts", type=int, default=24)
+    deval.add_argument("--draft-tokens", type=int, default=6)
+    deval.add_argument("--max-tokens", type=int, default=96)
+    deval.add_argument("--precision", default="exact", choices=("exact", "int8"))
+    deval.add_argument("--threads", type=int, help="torch CPU threads")
+    draft.set_defaults(func=_cmd_draft)
 
     demo = sub.add_parser("demo", help="end-to-end demo on the native engine and SmolLM2")
     demo.add_argument("--no-speculation", action="store_true")

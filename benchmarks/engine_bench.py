@@ -60,10 +60,13 @@ from .engine_common import (PROMPT_DIR, PROMPT_SETS, RESULTS_DIR, VLLM_SYSTEMS, 
 
 ENGINES = ("native", "vllm", "openai")
 NATIVE_SYSTEMS = ("hf", "hf-lookup", "plain", "ngram", "suffix", "draft")
-INT8_SYSTEMS = ("plain-int8", "suffix-int8")
+HEAD_SYSTEMS = ("eagle", "hybrid")
+"""Native systems drafting with the learned head (`agentrt draft train`; not in any default set)."""
+INT8_SYSTEMS = ("plain-int8", "suffix-int8", "eagle-int8", "hybrid-int8")
 """Native systems in ``precision="int8"`` (not in any default set)."""
 LLAMACPP_SYSTEMS = ("llamacpp",)
-ALL_SYSTEMS = (*NATIVE_SYSTEMS, *INT8_SYSTEMS, *VLLM_SYSTEMS, *LLAMACPP_SYSTEMS, "openai")
+ALL_SYSTEMS = (*NATIVE_SYSTEMS, *HEAD_SYSTEMS, *INT8_SYSTEMS, *VLLM_SYSTEMS, *LLAMACPP_SYSTEMS,
+               "openai")
 DEFAULT_SYSTEMS = {
     "native": NATIVE_SYSTEMS,
     "vllm": ("plain", "vllm", "vllm-spec"),
@@ -85,6 +88,10 @@ DESCRIPTIONS = {
     "openai": "OpenAIEngine (chat API)",
     "plain-int8": "native, no drafter, precision='int8' (int8 activations x GGUF blocks)",
     "suffix-int8": "native + suffix automaton, precision='int8'",
+    "eagle": "native + learned draft head (agentrt draft train)",
+    "hybrid": "native + suffix lookup or learned head per step (expected tokens per second)",
+    "eagle-int8": "native + learned draft head, precision='int8'",
+    "hybrid-int8": "native + suffix lookup or learned head per step, precision='int8'",
     "llamacpp": "llama-cpp-python on the GGUF the model was pulled from, greedy, no speculation",
 }
 _NATIVE_FIXED_OPTIONS = ("dtype", "device", "drafter", "threads")
@@ -251,7 +258,7 @@ def build_system(system: str, plan: Plan, args, path: Path | None,
     """Construct the runner for one system name (``extra``: more `NativeEngine` options)."""
     if system.startswith("hf"):
         return HFSystem(path, args.dtype, args.device, 10 if system == "hf-lookup" else None)
-    if system in ("plain", "ngram", "suffix", "draft"):
+    if system in ("plain", "ngram", "suffix", "draft", *HEAD_SYSTEMS):
         from agentrt.engine import NativeEngine
 
         k = args.k if args.k == "auto" else int(args.k)
@@ -338,7 +345,7 @@ def build_single_stream_system(system: str, plan: Plan, args, path: Path,
     if system in INT8_SYSTEMS:
         from agentrt.engine import NativeEngine
 
-        drafter = None if system == "plain-int8" else "suffix"
+        drafter = None if system == "plain-int8" else system.removesuffix("-int8")
         options = {} if drafter is None else plan.native_options
         engine = NativeEngine(model=str(path), dtype=args.dtype, device=args.device,
                               drafter=drafter, threads=args.threads, precision="int8",
@@ -479,7 +486,7 @@ def describe(system: str, plan: Plan) -> str:
         text += f" {json.dumps(plan.vllm_spec_config)}"
     elif system == "openai":
         text += f" at {plan.base_url}, model `{plan.served_model}` (the server's own drafter)"
-    elif system in ("ngram", "suffix", "draft", "suffix-int8") and plan.native_options:
+    elif system in ("ngram", "suffix", "draft", *HEAD_SYSTEMS, *INT8_SYSTEMS[1:]) and plan.native_options:
         text += f" {json.dumps(plan.native_options)}"
     return text
 

@@ -136,9 +136,16 @@ class AdaptiveK:
             total += chain
         return total
 
-    def rate(self, k: int, accept: list[float] | None = None) -> float:
-        """Expected tokens per second with k drafts."""
-        return self.expected_tokens(k, accept) / (self.costs(k + 1) + self.draft_cost * k)
+    def rate(self, k: int, accept: list[float] | None = None, draft_cost: float | None = None) -> float:
+        """Expected tokens per second with k drafts (``draft_cost`` per drafted token; default:
+        the drafter's)."""
+        per_token = self.draft_cost if draft_cost is None else draft_cost
+        return self.expected_tokens(k, accept) / (self.costs(k + 1) + per_token * k)
+
+    def best_rate(self, limit: int, bucket: int = 0, draft_cost: float | None = None) -> float:
+        """The highest expected tokens per second over k in ``0..min(limit, max_k)``."""
+        accept = self.accept(bucket)
+        return max(self.rate(k, accept, draft_cost) for k in range(min(limit, self.max_k) + 1))
 
     def choose(self, limit: int, bucket: int = 0) -> int:
         """The best k in ``0..min(limit, max_k)`` for a draft of this bucket."""
@@ -223,14 +230,17 @@ def plan_draft_lengths(chains: list[list[float]], base_tokens: int, base_rows: i
 
 
 def choose_drafts(decoding: list[RequestState], policy: AdaptiveK | None, lookup: bool,
-                  fixed_k: int | None, max_k: int, max_seq_len: int
+                  fixed_k: int | None, max_k: int, max_seq_len: int, hybrid: bool = False
                   ) -> dict[RequestState, tuple[list[int], Draft]]:
     """Each decoding sequence's draft for this step: ``(the tokens to verify, the whole
     draft)``. Without ``policy``, ``fixed_k`` tokens. Model drafts (``lookup`` False) cost a
     forward per token, so k is chosen first (`AdaptiveK.choose`); lookups are cheap, so every
     match is drafted first and the k's are chosen together (`plan_draft_lengths`): the most
     urgent requests as if alone (less urgent rows must not make the urgent stream draft less),
-    the others around what those use."""
+    the others around what those use. ``hybrid`` (a state with ``lookup_draft`` and
+    ``model_draft``): per sequence, the lookup's draft when its best expected tokens per second
+    (acceptance of its match length, no draft cost) is at least the model's (acceptance of
+    model drafts, the model's cost per token), else the model's."""
     if policy is not None:
         policy.next_step()
     plans: dict[RequestState, tuple[list[int], Draft]] = {}
@@ -243,6 +253,16 @@ def choose_drafts(decoding: list[RequestState], policy: AdaptiveK | None, lookup
         elif policy is None:
             draft = seq.state.draft(min(fixed_k, room))
             plans[seq] = (draft.tokens[:min(fixed_k, room)], draft)
+        elif hybrid:
+            found = seq.state.lookup_draft(min(room, max_k))
+            bucket = AdaptiveK.bucket_of(found.match_len)
+            if found.tokens and (policy.best_rate(len(found.tokens), bucket, 0.0)
+                                 >= policy.best_rate(room, 0)):
+                lookups.append((seq, found))
+            else:
+                k = policy.choose(room)
+                draft = seq.state.model_draft(k) if k > 0 else draft
+                plans[seq] = (draft.tokens[:k], draft)
         elif not lookup:
             k = policy.choose(room)  # model drafts cost a forward per token: choose k first
             draft = seq.state.draft(k) if k > 0 else draft

@@ -20,6 +20,7 @@ and every layer runs in the compiled kernels (`CpuOps.decode_layers_paged`); els
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import math
@@ -543,7 +544,8 @@ class Transformer(nn.Module):
                           cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps)
 
     def forward(self, tokens: Tensor, seqs: Sequence[SeqRows], pool: KVPool,
-                logit_rows: Tensor | None = None) -> Tensor:
+                logit_rows: Tensor | None = None, capture: Sequence[int] = ()
+                ) -> Tensor | tuple[Tensor, Tensor]:
         """Logits ``[len(logit_rows), V]`` (float32) of one step over a paged KV cache.
 
         ``tokens[n]`` holds every sequence's new tokens one sequence after another (``seqs``
@@ -553,7 +555,11 @@ class Transformer(nn.Module):
         kernels (bf16 weights, float32 activations) all layers run in one C call
         (`CpuOps.decode_layers_paged`) and every row's result depends only on its own
         sequence's tokens: the batch, the chunking of a prompt and which blocks hold the keys
-        change no bit. Elsewhere every `Block` runs on torch ops (equal to float rounding)."""
+        change no bit. Elsewhere every `Block` runs on torch ops (equal to float rounding).
+
+        ``capture`` (ascending layer indices): also return the residual stream entering each of
+        those layers, ``(logits, features[n, len(capture) * hidden])`` (a draft head's input);
+        the layers then run in slices, with the same results."""
         n = tokens.shape[0]
         if sum(s.n for s in seqs) != n:
             raise ValueError(f"{n} tokens for sequences of {sum(s.n for s in seqs)} rows")
@@ -565,20 +571,34 @@ class Transformer(nn.Module):
                 raise ValueError(f"rows up to position {s.start + s.n} exceed max_seq_len="
                                  f"{self.max_seq_len} or the sequence's {s.blocks.numel()} blocks")
         x = F.embedding(tokens, self.embed).to(self.compute_dtype)
+        if list(capture) != sorted(set(capture)) or any(not 0 <= i < len(self.layers) for i in capture):
+            raise ValueError(f"capture must be ascending layer indices below {len(self.layers)}, "
+                             f"got {list(capture)}")
+        features: list[Tensor] = []
         if self.ops is not None:
             x = x.contiguous()
             rows, row0 = [], 0
             for s in seqs:
                 rows.append((row0, s.n, s.start, s.blocks))
                 row0 += s.n
-            self.ops.decode_layers_paged(x, self.ops.seq_table(rows), self._plan(pool),
-                                         self.layer_shape(), pool.block_size, self.rope_pairs,
-                                         self.packed_max_rows)
+            table, plan, done = self.ops.seq_table(rows), self._plan(pool), 0
+            for stop in [*capture, len(self.layers)]:
+                if stop > done:
+                    self.ops.decode_layers_paged(x, table, _plan_slice(plan, done, stop),
+                                                 self.layer_shape(), pool.block_size,
+                                                 self.rope_pairs, self.packed_max_rows)
+                    done = stop
+                if stop < len(self.layers):
+                    features.append(x.clone())
         else:
-            for layer, (k, v) in zip(self.layers, pool.caches):
+            for i, (layer, (k, v)) in enumerate(zip(self.layers, pool.caches)):
+                if i in capture:
+                    features.append(x.clone())
                 x = layer(x, seqs, k, v, self.rope, self.matmul)
         if logit_rows is not None:
             x = x[logit_rows]
+        if capture:
+            return self.head(x), torch.cat(features, dim=-1)
         return self.head(x)
 
     def head(self, x: Tensor) -> Tensor:
@@ -636,6 +656,12 @@ class SequenceCache:
         rows = None if keep == n else torch.tensor(
             [b * n + i for b in range(bsz) for i in range(n - keep, n)], device=tokens.device)
         return self.model(tokens.reshape(-1), seqs, self.pool, rows).view(bsz, keep, -1)
+
+
+def _plan_slice(plan: ctypes.Array, start: int, stop: int) -> ctypes.Array:
+    """Entries ``start:stop`` of a layer plan, viewed in place (``plan`` must outlive it)."""
+    entry = type(plan)._type_
+    return (entry * (stop - start)).from_address(ctypes.addressof(plan) + start * ctypes.sizeof(entry))
 
 
 def synchronize(device: torch.device) -> None:

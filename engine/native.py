@@ -34,6 +34,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -41,9 +42,11 @@ import torch
 from .base import BaseEngine, Delta, EngineError, Message, SamplingParams, Usage, check_messages
 from .draft_policy import AdaptiveK, StepCosts, choose_drafts
 from .drafters.base import Draft, Drafter, DraftSampling
+from .drafters.eagle import EagleDrafter, HybridDrafter
 from .drafters.model import ModelDrafter
 from .drafters.ngram import NgramDrafter
 from .drafters.suffix import SuffixDrafter
+from .eagle.head import DraftHead, check_target, head_dir, model_name
 from .kv_cache import KVPool
 from .llama import SeqRows, Transformer, synchronize
 from .metrics import BatchMetrics, DecodeMetrics
@@ -89,6 +92,7 @@ class NativeEngine(BaseEngine):
         if config.threads:
             torch.set_num_threads(config.threads)
         self.device = torch.device(config.device)
+        self.model_name = model
         self.path = resolve(model, config.dtype)
         self.model = Transformer.from_pretrained(self.path, config.dtype, self.device,
                                                  config.max_seq_len, precision=config.precision)
@@ -131,6 +135,9 @@ class NativeEngine(BaseEngine):
             return NgramDrafter()
         if kind == "suffix":
             return SuffixDrafter()
+        if kind in ("eagle", "hybrid"):
+            eagle = self._eagle_drafter()
+            return eagle if kind == "eagle" else HybridDrafter(eagle)
         if draft_model is None or isinstance(draft_model, int):
             model = self.model.truncated(draft_model or 4)
         elif isinstance(draft_model, Transformer):
@@ -142,6 +149,17 @@ class NativeEngine(BaseEngine):
             raise ValueError(f"draft model vocabulary ({model.vocab_size}) differs from the "
                              f"target's ({self.model.vocab_size})")
         return ModelDrafter(model)
+
+    def _eagle_drafter(self) -> EagleDrafter:
+        """The learned head for this target (refused when trained for another one)."""
+        name = model_name(self.model_name)
+        if self.config.draft_head is None and name is None:
+            raise ValueError(f"drafter={self.config.drafter!r} for the local model "
+                             f"{self.model_name}: pass draft_head (a head directory)")
+        where = Path(self.config.draft_head) if self.config.draft_head is not None else head_dir(name)
+        head = DraftHead.load(where)
+        check_target(head.config, name, self.model.cfg, str(where))
+        return EagleDrafter(head, self.model.embed)
 
     # ------------------------------------------------------------------------ public API
 
@@ -375,7 +393,7 @@ class NativeEngine(BaseEngine):
         selection = self.scheduler.select()
         lookup = self.drafter is not None and self.drafter.lookup
         drafts = choose_drafts(selection.decoding, policy, lookup, self.fixed_k, self.max_k,
-                               self.max_seq_len)
+                               self.max_seq_len, getattr(self.drafter, "hybrid", False))
         t1 = time.perf_counter()
         entries = self.scheduler.rows(selection, drafts)
         if not entries:
@@ -391,7 +409,12 @@ class NativeEngine(BaseEngine):
                 logit_rows.extend(range(first, row + e.n))
             row += e.n
         token_tensor = torch.tensor(tokens, dtype=torch.long, device=self.device)
-        logits = self.model(token_tensor, rows, self.pool, torch.tensor(logit_rows, dtype=torch.long))
+        capture = getattr(self.drafter, "features", ())
+        logits = self.model(token_tensor, rows, self.pool, torch.tensor(logit_rows, dtype=torch.long),
+                            capture)
+        features = None
+        if capture:
+            logits, features = logits
         synchronize(self.device)
         t2 = time.perf_counter()
         forward_s = t2 - t1
@@ -407,10 +430,14 @@ class NativeEngine(BaseEngine):
             b.timeline.append((t2 - self._started, len(entries), row))
             if len(b.timeline) > 4096:
                 del b.timeline[:1024]
-        at = 0
+        at = first_row = 0
         for e in entries:
             seq = e.seq
+            seq_features = None if features is None else features[first_row:first_row + e.n]
+            first_row += e.n
             if seq.computed + e.n < len(seq.tokens):  # a prefill chunk short of the last token
+                if seq_features is not None and seq.state is not None:
+                    seq.state.add_features(seq.computed, seq_features)
                 seq.metrics.prefill_tokens += e.n
                 with self._metrics_lock:
                     self._batch.prefill_tokens += e.n
@@ -420,11 +447,12 @@ class NativeEngine(BaseEngine):
             sampled = len(e.drafted) + 1
             seq_logits = logits[at:at + sampled][None]
             at += sampled
-            self._advance(e, seq_logits, policy, t1 - t0, forward_s)
+            self._advance(e, seq_logits, policy, t1 - t0, forward_s, seq_features)
 
     def _advance(self, rows: StepRows, logits: torch.Tensor, policy: AdaptiveK | None,
-                 draft_s: float, forward_s: float) -> None:
-        """Verify a request's rows of this step, append what was accepted and stream it."""
+                 draft_s: float, forward_s: float, features: torch.Tensor | None = None) -> None:
+        """Verify a request's rows of this step, append what was accepted and stream it
+        (``features``: the rows' captured target features, for a drafter that reads them)."""
         seq, n, drafted, draft, decode = rows.seq, rows.n, rows.drafted, rows.draft, rows.decode
         t = time.perf_counter()
         if seq.forced is not None:  # teacher forcing: the script is the target
@@ -433,6 +461,8 @@ class NativeEngine(BaseEngine):
             accepted, token = verify(drafted, draft or Draft([]), logits, seq.params, seq.uniforms,
                                      seq.produced, self.config.acceptance_threshold)
         new_tokens = drafted[:accepted] + [token]
+        if features is not None and seq.state is not None:  # rejected draft rows are dropped
+            seq.state.add_features(seq.computed, features[:n if not decode else 1 + accepted])
         m = seq.metrics
         if not decode:
             m.prefill_tokens += n

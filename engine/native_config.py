@@ -11,9 +11,10 @@ if TYPE_CHECKING:  # the config stays importable without torch
     from .drafters.base import Drafter
     from .llama import Transformer
 
-DRAFTERS = ("suffix", "ngram", "draft")
-"""The drafters `NativeConfig.drafter` names: suffix automaton, n-gram prompt lookup, and a draft
-model (`NativeConfig.draft_model`)."""
+DRAFTERS = ("suffix", "ngram", "draft", "eagle", "hybrid")
+"""The drafters `NativeConfig.drafter` names: suffix automaton, n-gram prompt lookup, a draft
+model (`NativeConfig.draft_model`), a learned draft head (`NativeConfig.draft_head`), and
+``hybrid`` (per step the suffix lookup or the head, whichever is expected to pay more)."""
 
 DTYPES = ("bf16", "fp16", "fp32")
 PRECISIONS = ("exact", "int8")
@@ -42,6 +43,9 @@ class NativeConfig:
     draft_model: str | os.PathLike | Transformer | int | None = None
     """For ``drafter="draft"``: a model name or path, a `Transformer`, or an int n (a layer-skip
     drafter made of the target's first n layers; None means 4)."""
+    draft_head: str | os.PathLike | None = None
+    """For ``drafter="eagle"`` or ``"hybrid"``: the head's directory (None: the one ``agentrt
+    draft train`` wrote for the model, ``<cache>/models/<model>/drafters/eagle``)."""
     draft_tokens: str | int = "auto"
     """Drafted tokens verified per step: ``"auto"`` (adaptive k, step costs measured at the first
     request) or a fixed k (0: no drafting)."""

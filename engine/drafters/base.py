@@ -56,7 +56,11 @@ class Drafter(Protocol):
     cross-request corpus.
 
     What the engine needs to schedule drafts is part of the protocol: ``lookup`` and
-    `draft_cost` (so the engine never asks which class a drafter is)."""
+    `draft_cost` (so the engine never asks which class a drafter is). Optional: ``features``,
+    target layer indices whose input the engine then captures in its forward and hands to each
+    request's state as ``state.add_features(start_position, rows)`` (prompt rows, then the last
+    token and accepted drafts of every verify step); ``hybrid`` True, for a state that offers
+    ``lookup_draft(k)`` and ``model_draft(k)`` and lets `draft_policy.choose_drafts` choose."""
 
     name: str
     lookup: bool
