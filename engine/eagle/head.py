@@ -26,16 +26,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..eagle3_layout import CONFIG_FILE, FORMAT_VERSION, WEIGHTS_FILE, write_head
+from ..eagle3_layout import default_aux_layers as _layout_aux_layers
 from ..llama import LlamaConfig, rope_frequencies
-
-FORMAT_VERSION = 1
-WEIGHTS_FILE = "model.safetensors"
-CONFIG_FILE = "config.json"
-
 
 def default_aux_layers(num_layers: int) -> tuple[int, int, int]:
     """vLLM's default feature layers for a target of ``num_layers``: (2, n // 2, n - 3)."""
-    return (2, num_layers // 2, num_layers - 3)
+    low, mid, high = _layout_aux_layers(num_layers)
+    return (low, mid, high)
 
 
 @dataclass(frozen=True)
@@ -239,6 +237,7 @@ class DraftHead(nn.Module):
         self.lm_head = nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
         self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.long))
         self.register_buffer("t2d", torch.zeros(c.target_vocab_size, dtype=torch.bool))
+        self.t2d[:c.draft_vocab_size] = True  # until `set_vocabulary`: the first ids, as d2t says
         freqs = rope_frequencies(c.rope_config(), c.max_position_embeddings)
         self.register_buffer("rope_cos", freqs.real.repeat(1, 2).contiguous(), persistent=False)
         self.register_buffer("rope_sin", freqs.imag.repeat(1, 2).contiguous(), persistent=False)
@@ -366,18 +365,11 @@ class DraftHead(nn.Module):
     # ----------------------------------------------------------------- save / load
 
     def save(self, path: str | Path) -> Path:
-        """Write ``config.json`` and ``model.safetensors`` into directory ``path`` (replacing a
-        head there atomically enough: weights first, then the config)."""
-        from safetensors.torch import save_file
-
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        tensors = {name: t.detach().contiguous().cpu() for name, t in self.state_dict().items()}
-        tmp = path / (WEIGHTS_FILE + ".tmp")
-        save_file(tensors, str(tmp), metadata={"format": "pt"})
-        tmp.replace(path / WEIGHTS_FILE)
-        (path / CONFIG_FILE).write_text(json.dumps(self.config.to_json(), indent=2) + "\n")
-        return path
+        """Write ``config.json`` and ``model.safetensors`` into directory ``path`` through the
+        shared layout writer (`eagle3_layout.write_head`, which checks every tensor's name and
+        shape against the config first; weights before the config)."""
+        tensors = {name: t.detach() for name, t in self.state_dict().items()}
+        return write_head(path, self.config.to_json(), tensors)
 
     @classmethod
     def load(cls, path: str | Path) -> DraftHead:

@@ -138,6 +138,30 @@ def test_head_directory_has_the_shared_layout(tiny_head):
         assert torch.equal(a, b), name
 
 
+def test_native_and_vllm_layout_code_read_each_others_heads(tiny_head, tmp_path):
+    """One format: the trained head passes the layout check vLLM runs are gated on, and a head
+    written by the layout writer alone (random weights) loads and drafts in the native engine."""
+    import sys
+
+    from agentrt.engine.eagle3_layout import check_head
+
+    target_dir = models.ensure("smollm2-135m", "bf16")
+    assert check_head(tiny_head, target_dir)["agentrt"]["recipe"] == "tiny"
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from eagle3_heads import random_head
+
+    foreign = DraftHead.load(random_head(tmp_path / "random", target_dir, draft_vocab_size=512))
+    assert foreign.config.draft_vocab_size == 512 and foreign.config.aux_layers == LAYERS
+    engine = NativeEngine(drafter="eagle", draft_head=tmp_path / "random", max_seq_len=1024)
+    plain = NativeEngine(drafter=None, max_seq_len=1024)
+    try:
+        params = SamplingParams(max_tokens=12, temperature=0.0)
+        assert run(engine, PROMPTS[:1], params, False) == run(plain, PROMPTS[:1], params, False)
+    finally:
+        engine.close()
+        plain.close()
+
+
 def test_head_for_another_target_is_refused_naming_both(tiny_head, tmp_path):
     config = HeadConfig.from_json(json.loads((tiny_head / "config.json").read_text()))
     other = LlamaConfig(vocab_size=32000, hidden_size=768, intermediate_size=2048, num_layers=12,
