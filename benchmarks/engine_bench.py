@@ -4,7 +4,7 @@ servers, side by side on the same prompts. Greedy decoding throughout.
     python -m benchmarks.run engine [--engine native|vllm|openai] [--dtype bf16]
                                     [--max-tokens 128] [--limit 4] [--sets chat,copy_heavy]
                                     [--systems hf,hf-lookup,plain,ngram,suffix,draft,vllm,...]
-                                    [--repeats 2] [--anchor-tolerance 0.1] [--threads 2]
+                                    [--repeats 1] [--anchor-tolerance 0.1] [--threads 2]
                                     [--drafter-config JSON] [--base-url URL] [--served-model NAME]
 
 Each system runs alone, in a process of its own (`run_isolated`): the same prompts, the same
@@ -896,7 +896,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, argparse.Arg
                              "models.gguf_file)")
     parser.add_argument("--out", default=str(RESULTS_DIR))
     parser.add_argument("--synthetic", action="store_true", help="forward speed on random weights only")
-    parser.add_argument("--repeats", type=int, default=2,
+    parser.add_argument("--repeats", type=int, default=1,
                         help="passes over the systems, each in rotated order, every run in a "
                              "process of its own")
     parser.add_argument("--anchor-tolerance", type=float, default=DEFAULT_ANCHOR_TOLERANCE,
