@@ -622,10 +622,10 @@ def run_isolated(argv: list[str], order: list[str], ceiling_from: str | None,
     return runs
 
 
-def worker(args, plan: Plan, path: Path | None, prompts: list[tuple[str, dict]]) -> int:
-    """The child side of `run_isolated`: load the one system of ``plan``, warm it up, run every
-    prompt, and write ``{"pid", "load_s", "rows", "ceiling"}`` as JSON to ``--worker-out``."""
-    (system,) = plan.systems
+def run_one(system: str, index: int, plan: Plan, args, path: Path | None,
+            prompts: list[tuple[str, dict]], ceiling: bool = False) -> Run:
+    """Load ``system`` in this process, warm it up and run every prompt (``ceiling``: also
+    measure `ceiling_inputs` on it afterwards)."""
     loop = asyncio.new_event_loop()
     runners: dict = {}
     try:
@@ -634,14 +634,21 @@ def worker(args, plan: Plan, path: Path | None, prompts: list[tuple[str, dict]])
         load_s = time.perf_counter() - t
         print(f"loaded {system} in {load_s:.1f}s (pid {os.getpid()})", file=sys.stderr)
         rows = run_all(runners, prompts, args.max_tokens)
-        ceiling = (ceiling_inputs(runners[system].engine, prompts, plan.sets)
-                   if args.worker_ceiling else None)
+        inputs = ceiling_inputs(runners[system].engine, prompts, plan.sets) if ceiling else None
     finally:
         close_all(runners, loop)
     for row in rows:
-        row.pid = os.getpid()
-    payload = {"pid": os.getpid(), "load_s": load_s, "rows": [asdict(r) for r in rows],
-               "ceiling": ceiling}
+        row.pid, row.run = os.getpid(), index
+    return Run(system, index, os.getpid(), load_s, rows, inputs)
+
+
+def worker(args, plan: Plan, path: Path | None, prompts: list[tuple[str, dict]]) -> int:
+    """The child side of `run_isolated`: run the one system of ``plan`` (`run_one`) and write
+    ``{"pid", "load_s", "rows", "ceiling"}`` as JSON to ``--worker-out``."""
+    (system,) = plan.systems
+    run = run_one(system, 0, plan, args, path, prompts, args.worker_ceiling)
+    payload = {"pid": run.pid, "load_s": run.load_s, "rows": [asdict(r) for r in run.rows],
+               "ceiling": run.ceiling}
     Path(args.worker_out).write_text(json.dumps(payload))
     return 0
 
@@ -954,18 +961,7 @@ def main(argv: list[str] | None = None) -> int:
         return worker(args, plan, path, prompts)
 
     def run_here(system: str, index: int) -> Run:
-        loop = asyncio.new_event_loop()
-        runners: dict = {}
-        try:
-            t = time.perf_counter()
-            runners[system] = build_system(system, plan, args, path, loop)
-            load_s = time.perf_counter() - t
-            rows = run_all(runners, prompts, args.max_tokens)
-        finally:
-            close_all(runners, loop)
-        for row in rows:
-            row.pid, row.run = os.getpid(), index
-        return Run(system, index, os.getpid(), load_s, rows)
+        return run_one(system, index, plan, args, path, prompts)
 
     order = schedule(plan.systems, args.repeats)
     ceiling_from = "plain" if any(s in LOOKUP_SYSTEMS for s in plan.systems) else None
