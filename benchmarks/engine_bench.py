@@ -1,13 +1,26 @@
-"""Engine benchmark: HF ``generate``, the native engine, vLLM and OpenAI-compatible servers.
-
-One run, same prompts, side by side. Systems are interleaved prompt by prompt (every system runs
-prompt 1, then every system runs prompt 2, ...), so a change in machine load hits them all alike.
-Greedy decoding throughout.
+"""Engine benchmark: HF ``generate``, the native engine, vLLM, llama.cpp and OpenAI-compatible
+servers, side by side on the same prompts. Greedy decoding throughout.
 
     python -m benchmarks.run engine [--engine native|vllm|openai] [--dtype bf16]
                                     [--max-tokens 128] [--limit 4] [--sets chat,copy_heavy]
                                     [--systems hf,hf-lookup,plain,ngram,suffix,draft,vllm,...]
+                                    [--repeats 1] [--anchor-tolerance 0.1] [--threads 2]
                                     [--drafter-config JSON] [--base-url URL] [--served-model NAME]
+
+Each system runs alone, in a process of its own (`run_isolated`): the same prompts, the same
+``--threads``, one warm-up, then every prompt; the parent only gathers the rows. Two systems in one
+process fight for the same cores (a native engine's threads starve llama.cpp's, and the other way
+round), so figures taken side by side in one process measure the contention, not the systems.
+``--repeats`` passes go over the systems in rotated order (pass i starts at system i), so drift in
+the machine's load hits every system alike. ``openai`` runs in the benchmark's own process: its work
+happens in the server's.
+
+The llama.cpp anchor: with ``llamacpp`` and other systems, llama.cpp also runs before the first
+pass, between passes and after the last (``A, pass 1, A, pass 2, ..., A``), each time in a fresh
+process. Its decode speed in those runs is its standalone speed at that moment of this invocation;
+when the fastest and slowest differ by more than ``--anchor-tolerance`` (of the fastest), the
+machine's load moved during the run and no ratio against llama.cpp is printed (the table shows
+"-" and a note says why; `AnchorCheck`).
 
 ``--engine`` picks the default systems (``--systems`` overrides them):
 
@@ -25,12 +38,13 @@ Greedy decoding throughout.
   counters are read from its ``/metrics`` when it is vLLM.
 
 Decode speed is ``(new tokens - 1) / (time from the first to the last output delta)``; prefill
-(time to the first output delta) is reported apart. Engine systems are timed on their stream,
-all on one persistent asyncio event loop. "same as" compares the generated text with the
-reference system's (``plain`` if run, else ``vllm``). With native ``plain`` and a lookup system
-(``ngram``, ``suffix``), the tables also show that drafter's ceiling on plain's outputs: the tau
-and speedup perfect k would reach at this machine's step costs (`benchmarks.ceiling`). Prompt
-sets live in ``benchmarks/prompts/*.jsonl``. Results go to
+(time to the first output delta) is reported apart, and against llama.cpp as "prefill x
+llama.cpp" (llama.cpp's prefill time / the system's: above 1 is faster). Engine systems are timed
+on their stream, on one asyncio event loop per process. "same as" compares the generated text
+with the reference system's (``plain`` if run, else ``vllm``). With native ``plain`` and a lookup
+system (``ngram``, ``suffix``), the tables also show that drafter's ceiling on plain's outputs: the
+tau and speedup perfect k would reach at this machine's step costs (`benchmarks.ceiling`), measured
+in plain's process. Prompt sets live in ``benchmarks/prompts/*.jsonl``. Results go to
 ``benchmarks/results/engine-<time>.{json,md}``.
 ``--synthetic`` measures only the model's forward speed on random weights of the same shape (for
 machines without the pulled model).
@@ -46,7 +60,9 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -94,6 +110,11 @@ DESCRIPTIONS = {
     "hybrid-int8": "native + suffix lookup or learned head per step, precision='int8'",
     "llamacpp": "llama-cpp-python on the GGUF the model was pulled from, greedy, no speculation",
 }
+IN_PROCESS_SYSTEMS = ("openai",)
+"""Systems that run in the benchmark's own process: their work happens in a server's."""
+ANCHOR = "llamacpp"
+"""The system every other one is compared with, checked for steadiness (`AnchorCheck`)."""
+DEFAULT_ANCHOR_TOLERANCE = 0.10
 _NATIVE_FIXED_OPTIONS = ("dtype", "device", "drafter", "threads")
 """`NativeConfig` fields every native system sets itself."""
 
@@ -117,6 +138,10 @@ class Row:
     accepted_tokens: int = 0
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
+    pid: int = 0
+    """The process that ran it."""
+    run: int = 0
+    """Its run's place in the invocation's schedule (`schedule`)."""
 
 
 @dataclass
@@ -430,6 +455,10 @@ def make_plan(args, parser: argparse.ArgumentParser) -> Plan:
     missing = [s for s in sets if not (PROMPT_DIR / f"{s}.jsonl").is_file()]
     if missing:
         parser.error(f"unknown prompt sets {missing}; choose from {', '.join(PROMPT_SETS)}")
+    if args.repeats < 1:
+        parser.error(f"--repeats must be at least 1, got {args.repeats}")
+    if not 0 <= args.anchor_tolerance < 1:
+        parser.error(f"--anchor-tolerance is a fraction in [0, 1), got {args.anchor_tolerance}")
     plan = Plan(engine=args.engine, systems=systems, sets=sets)
 
     if "openai" in systems:
@@ -491,38 +520,189 @@ def describe(system: str, plan: Plan) -> str:
     return text
 
 
+# ------------------------------------------------------------------ one process per system
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Run:
+    """One system's pass over every prompt, in a process of its own (``pid``) unless it is in
+    `IN_PROCESS_SYSTEMS`."""
+
+    system: str
+    index: int
+    pid: int
+    load_s: float
+    rows: list[Row]
+    ceiling: dict | None = None
+    """What `ceiling_inputs` measured in this run's process, when it was asked to."""
+
+    @property
+    def decode_tok_s(self) -> float:
+        """Decode tokens per second over the run's prompts (as `summarise` counts them)."""
+        seconds = sum(r.decode_s for r in self.rows)
+        return sum(max(r.new_tokens - 1, 0) for r in self.rows) / seconds if seconds > 0 else 0.0
+
+
+def schedule(systems: list[str], repeats: int) -> list[str]:
+    """The runs of one invocation, in order: ``repeats`` passes over ``systems``, pass i
+    rotated to start at system i. With the anchor (`ANCHOR`) and other systems, the anchor runs
+    before the first pass, between passes and after the last instead of inside them."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1, got {repeats}")
+    anchored = ANCHOR in systems and len(systems) > 1
+    others = [s for s in systems if s != ANCHOR] if anchored else list(systems)
+    order = [ANCHOR] if anchored else []
+    for i in range(repeats):
+        k = i % len(others)
+        order += others[k:] + others[:k] + ([ANCHOR] if anchored else [])
+    return order
+
+
+@dataclass(frozen=True)
+class AnchorCheck:
+    """Whether llama.cpp's standalone decode speed held still over the invocation: its runs'
+    speeds (tok/s, in run order) may differ by at most ``tolerance`` of the fastest."""
+
+    speeds: tuple[float, ...]
+    tolerance: float
+
+    @property
+    def spread(self) -> float:
+        """(fastest - slowest) / fastest."""
+        top = max(self.speeds)
+        return (top - min(self.speeds)) / top if top > 0 else 1.0
+
+    @property
+    def ok(self) -> bool:
+        return len(self.speeds) >= 2 and self.spread <= self.tolerance
+
+    def describe(self) -> str:
+        speeds = ", ".join(f"{v:.1f}" for v in self.speeds)
+        if len(self.speeds) < 2:
+            return f"llama.cpp ran once ({speeds} tok/s): no steadiness check, no ratio against it"
+        verdict = ("steady" if self.ok else
+                   "UNSTEADY: the machine's load changed during the run; ratios against it withheld")
+        return (f"llama.cpp anchor runs {speeds} decode tok/s, spread {self.spread:.1%} "
+                f"(tolerance {self.tolerance:.0%}): {verdict}")
+
+    @classmethod
+    def of(cls, runs: list[Run], tolerance: float) -> "AnchorCheck | None":
+        """The check over the anchor's runs (None when the anchor did not run)."""
+        speeds = tuple(run.decode_tok_s for run in runs if run.system == ANCHOR)
+        return cls(speeds, tolerance) if speeds else None
+
+
+def run_isolated(argv: list[str], order: list[str], ceiling_from: str | None,
+                 run_here) -> list[Run]:
+    """Run each entry of ``order`` (see `schedule`) in a fresh ``python -m
+    benchmarks.engine_bench`` process, given this invocation's ``argv`` with ``--systems`` set to
+    the one system; `IN_PROCESS_SYSTEMS` go to ``run_here(system, index)`` instead. The first run
+    of ``ceiling_from`` also measures the lookup ceiling's inputs (`ceiling_inputs`)."""
+    runs: list[Run] = []
+    ceiling_asked = False
+    with tempfile.TemporaryDirectory(prefix="engine-bench-") as tmp:
+        for index, system in enumerate(order):
+            print(f"run {index + 1}/{len(order)}: {system}", file=sys.stderr)
+            if system in IN_PROCESS_SYSTEMS:
+                runs.append(run_here(system, index))
+                continue
+            out = Path(tmp) / f"run-{index}.json"
+            command = [sys.executable, "-m", "benchmarks.engine_bench", *argv,
+                       "--systems", system, "--worker-out", str(out)]
+            if system == ceiling_from and not ceiling_asked:
+                command.append("--worker-ceiling")
+                ceiling_asked = True
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+                p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)}
+            code = subprocess.run(command, cwd=REPO_ROOT, env=env).returncode
+            if code != 0 or not out.is_file():
+                raise BenchSetupError(f"{system}'s process exited with code {code} (its error is "
+                                      "above)")
+            payload = json.loads(out.read_text())
+            rows = [Row(**row) for row in payload["rows"]]
+            for row in rows:
+                row.run = index
+            runs.append(Run(system, index, payload["pid"], payload["load_s"], rows,
+                            payload.get("ceiling")))
+    return runs
+
+
+def run_one(system: str, index: int, plan: Plan, args, path: Path | None,
+            prompts: list[tuple[str, dict]], ceiling: bool = False) -> Run:
+    """Load ``system`` in this process, warm it up and run every prompt (``ceiling``: also
+    measure `ceiling_inputs` on it afterwards)."""
+    loop = asyncio.new_event_loop()
+    runners: dict = {}
+    try:
+        t = time.perf_counter()
+        runners[system] = build_system(system, plan, args, path, loop)
+        load_s = time.perf_counter() - t
+        print(f"loaded {system} in {load_s:.1f}s (pid {os.getpid()})", file=sys.stderr)
+        rows = run_all(runners, prompts, args.max_tokens)
+        inputs = ceiling_inputs(runners[system].engine, prompts, plan.sets) if ceiling else None
+    finally:
+        close_all(runners, loop)
+    for row in rows:
+        row.pid, row.run = os.getpid(), index
+    return Run(system, index, os.getpid(), load_s, rows, inputs)
+
+
+def worker(args, plan: Plan, path: Path | None, prompts: list[tuple[str, dict]]) -> int:
+    """The child side of `run_isolated`: run the one system of ``plan`` (`run_one`) and write
+    ``{"pid", "load_s", "rows", "ceiling"}`` as JSON to ``--worker-out``."""
+    (system,) = plan.systems
+    run = run_one(system, 0, plan, args, path, prompts, args.worker_ceiling)
+    payload = {"pid": run.pid, "load_s": run.load_s, "rows": [asdict(r) for r in run.rows],
+               "ceiling": run.ceiling}
+    Path(args.worker_out).write_text(json.dumps(payload))
+    return 0
+
+
 # ------------------------------------------------------------------------------- ceiling
 
 LOOKUP_SYSTEMS = ("ngram", "suffix")
 
 
-def lookup_ceilings(runners: dict, prompts: list[tuple[str, dict]], rows: list[Row],
-                    sets: list[str]) -> dict[str, dict[str, Walk]]:
-    """``{set or "all": {system: Walk}}``: the lookup ceiling (see `benchmarks.ceiling`) of each
-    n-gram / suffix system on native plain's outputs, with step costs measured on plain's model
-    at the set's mean prompt length. Drafters are fresh and see the prompts in run order, as
-    the systems did. Empty without native plain or a lookup system."""
-    from agentrt.engine import NativeEngine
+def ceiling_inputs(plain, prompts: list[tuple[str, dict]], sets: list[str]) -> dict:
+    """What the lookup ceiling needs from native plain's process: each prompt's token ids and,
+    per set, the step costs (seconds by rows) measured on plain's model at the set's mean
+    prompt length."""
     from agentrt.engine.draft_policy import StepCosts
-    from agentrt.engine.drafters import NgramDrafter, SuffixDrafter
 
-    plain = getattr(runners.get("plain"), "engine", None)
-    systems = [s for s in LOOKUP_SYSTEMS if s in runners]
-    if not isinstance(plain, NativeEngine) or not systems:
-        return {}
-    outputs = {(r.prompt_set, r.prompt_id): r.token_ids for r in rows if r.system == "plain"}
     prompt_ids = [plain.tokenizer.encode_chat(p["messages"]) for _, p in prompts]
     costs = {}
     for name in sets:
         lengths = [len(ids) for ids, (s, _) in zip(prompt_ids, prompts) if s == name]
         if lengths:
-            costs[name] = StepCosts.measure(plain.model, 17, context=int(statistics.mean(lengths)))
+            costs[name] = StepCosts.measure(plain.model, 17,
+                                            context=int(statistics.mean(lengths))).points
+    return {"prompt_ids": prompt_ids, "costs": costs}
+
+
+def lookup_ceilings(inputs: dict | None, prompts: list[tuple[str, dict]], rows: list[Row],
+                    systems: list[str]) -> dict[str, dict[str, Walk]]:
+    """``{set or "all": {system: Walk}}``: the lookup ceiling (see `benchmarks.ceiling`) of each
+    n-gram / suffix system in ``systems`` on native plain's outputs (its first run's), at the step
+    costs of ``inputs`` (`ceiling_inputs`). Drafters are fresh and see the prompts in run order,
+    as the systems did. Empty without those inputs or a lookup system."""
+    from agentrt.engine.draft_policy import StepCosts
+    from agentrt.engine.drafters import NgramDrafter, SuffixDrafter
+
+    lookups = [s for s in LOOKUP_SYSTEMS if s in systems]
+    if not inputs or not lookups:
+        return {}
+    first_run = min((r.run for r in rows if r.system == "plain"), default=0)
+    outputs = {(r.prompt_set, r.prompt_id): r.token_ids for r in rows
+               if r.system == "plain" and r.run == first_run}
+    costs = {name: StepCosts({int(n): s for n, s in points})
+             for name, points in inputs["costs"].items()}
     result: dict[str, dict[str, Walk]] = {name: {} for name in [*costs, "all"]}
-    for system in systems:
+    for system in lookups:
         drafter = NgramDrafter() if system == "ngram" else SuffixDrafter()
-        for ids, (name, prompt) in zip(prompt_ids, prompts):
-            output = outputs[(name, prompt["id"])]
-            totals = walk(drafter.begin(ids), output, costs[name])
+        for ids, (name, prompt) in zip(inputs["prompt_ids"], prompts):
+            totals = walk(drafter.begin(ids), outputs[(name, prompt["id"])], costs[name])
             for key in (name, "all"):
                 result[key][system] = result[key].get(system, Walk()) + totals
     return result
@@ -536,7 +716,12 @@ def reference_system(systems: list[str]) -> str | None:
 
 
 def summarise(rows: list[Row], systems: list[str], sets: list[str],
-              ceilings: dict[str, dict[str, Walk]] | None = None) -> dict:
+              ceilings: dict[str, dict[str, Walk]] | None = None,
+              anchor: AnchorCheck | None = None) -> dict:
+    """Per prompt set (and ``"all"``), per system: tokens, decode tok/s over all its runs,
+    mean prefill, drafting counters, speedups against the `SPEEDUP_BASES` that ran, and
+    ``prefill_speedup_vs_llamacpp``. Ratios against llama.cpp appear only when ``anchor``
+    (its steadiness over the invocation) is ``ok``."""
     summary: dict = {}
     for prompt_set in [*sets, "all"]:
         per = {}
@@ -564,8 +749,13 @@ def summarise(rows: list[Row], systems: list[str], sets: list[str],
                 per[system]["ceiling_speedup_vs_plain"] = totals.speedup
         for system, entry in per.items():
             for base in SPEEDUP_BASES:
+                if base == ANCHOR and not (anchor and anchor.ok):
+                    continue
                 if base in per and per[base]["decode_tok_s"] > 0:
                     entry[f"speedup_vs_{base}"] = entry["decode_tok_s"] / per[base]["decode_tok_s"]
+            if ANCHOR in per and anchor and anchor.ok and entry["mean_prefill_s"] > 0:
+                entry[f"prefill_speedup_vs_{ANCHOR}"] = (per[ANCHOR]["mean_prefill_s"]
+                                                         / entry["mean_prefill_s"])
         summary[prompt_set] = per
     same_as_int8_plain(rows, systems, summary)
     reference = reference_system(systems)
@@ -607,8 +797,14 @@ def markdown(summary: dict, meta: dict) -> str:
     if "llamacpp" in meta["systems"]:
         bases.append(("llamacpp", "x llama.cpp"))
     lines += [f"Note: {note}" for note in meta.get("notes", [])] + ([""] if meta.get("notes") else [])
+    if meta.get("runs"):
+        lines += ["Runs, each system alone in a process of its own: " + ", ".join(
+            f"{r['system']} ({r['decode_tok_s']:.1f} tok/s)" for r in meta["runs"]) + ".", ""]
+    if meta.get("anchor"):
+        lines += [f"Anchor: {meta['anchor']}.", ""]
+    prefill_vs = ["prefill x llama.cpp"] if "llamacpp" in meta["systems"] else []
     header = ["system", "decode tok/s", *(title for _, title in bases), "tau", "accept",
-              "ceiling tau", "ceiling x plain", "prefill s", f"same as {reference}"]
+              "ceiling tau", "ceiling x plain", "prefill s", *prefill_vs, f"same as {reference}"]
 
     def fmt(v, spec="{:.2f}"):
         return "-" if v is None else spec.format(v)
@@ -623,16 +819,32 @@ def markdown(summary: dict, meta: dict) -> str:
                      *(fmt(e.get(f"speedup_vs_{base}")) for base, _ in bases),
                      fmt(e["tau"]), fmt(e["acceptance_rate"]), fmt(e.get("ceiling_tau")),
                      fmt(e.get("ceiling_speedup_vs_plain")), f"{e['mean_prefill_s']:.2f}",
+                     *(fmt(e.get("prefill_speedup_vs_llamacpp")) for _ in prefill_vs),
                      e.get(f"same_output_as_{reference}", "-")
                      + (f" (plain-int8: {e['same_output_as_plain-int8']})"
                         if "same_output_as_plain-int8" in e else "")]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
+    lines += against_anchor(summary.get("all", {}), meta)
     lines += ["Systems: " + "; ".join(f"`{s}` = {meta['descriptions'][s]}" for s in meta["systems"]),
               "", ("Ceiling: the same drafter on plain's outputs with perfect k (it drafts exactly "
                    "what will be accepted), at step costs measured on this machine; see "
                    "`benchmarks/ceiling.py`."), ""]
     return "\n".join(lines)
+
+
+def against_anchor(per: dict, meta: dict) -> list[str]:
+    """Markdown lines with every system's decode and prefill ratio against llama.cpp over all
+    prompts, or why there are none (an unsteady anchor)."""
+    if ANCHOR not in per or len(per) < 2:
+        return []
+    if not meta.get("anchor_ok"):
+        return [f"No ratio against llama.cpp: {meta.get('anchor')}.", ""]
+    parts = [f"`{system}` decode {e['speedup_vs_llamacpp']:.2f}x, prefill "
+             f"{e['prefill_speedup_vs_llamacpp']:.2f}x faster"
+             for system, e in per.items() if system != ANCHOR and "speedup_vs_llamacpp" in e]
+    return ["Against llama.cpp (all prompts, every system alone in its process): "
+            + "; ".join(parts) + ".", ""]
 
 
 # ----------------------------------------------------------------------------- synthetic
@@ -698,6 +910,14 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, argparse.Arg
                              "models.gguf_file)")
     parser.add_argument("--out", default=str(RESULTS_DIR))
     parser.add_argument("--synthetic", action="store_true", help="forward speed on random weights only")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="passes over the systems, each in rotated order, every run in a "
+                             "process of its own")
+    parser.add_argument("--anchor-tolerance", type=float, default=DEFAULT_ANCHOR_TOLERANCE,
+                        help="largest spread of llama.cpp's decode speed over its runs (of the "
+                             "fastest) for which ratios against it are printed")
+    parser.add_argument("--worker-out", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--worker-ceiling", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--concurrency", default=None,
                         help="e.g. 1,2,4,8,16: many requests at once per system, plus the prefix "
                              "and priority scenarios (benchmarks/engine_concurrency.py)")
@@ -706,6 +926,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, argparse.Arg
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; returns a process exit code (2: it could not start as asked)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     args, parser = parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if args.threads:
@@ -743,18 +964,23 @@ def main(argv: list[str] | None = None) -> int:
 
         return engine_concurrency.run(args, plan.systems, plan.sets, make_engine)
     prompts = load_prompts(plan.sets, args.limit)
+    if args.worker_out:
+        return worker(args, plan, path, prompts)
 
-    loop = asyncio.new_event_loop()
-    runners: dict = {}
+    def run_here(system: str, index: int) -> Run:
+        return run_one(system, index, plan, args, path, prompts)
+
+    order = schedule(plan.systems, args.repeats)
+    ceiling_from = "plain" if any(s in LOOKUP_SYSTEMS for s in plan.systems) else None
     try:
-        for system in plan.systems:
-            t = time.perf_counter()
-            runners[system] = build_system(system, plan, args, path, loop)
-            print(f"loaded {system} in {time.perf_counter() - t:.1f}s", file=sys.stderr)
-        rows = run_all(runners, prompts, args.max_tokens)
-        ceilings = lookup_ceilings(runners, prompts, rows, plan.sets)
-    finally:
-        close_all(runners, loop)
+        runs = run_isolated(argv, order, ceiling_from, run_here)
+    except BenchSetupError as exc:
+        print(f"engine bench: {exc}", file=sys.stderr)
+        return 1
+    rows = [row for run in runs for row in run.rows]
+    ceiling = next((run.ceiling for run in runs if run.ceiling), None)
+    ceilings = lookup_ceilings(ceiling, prompts, rows, plan.systems)
+    anchor = AnchorCheck.of(runs, args.anchor_tolerance) if len(plan.systems) > 1 else None
 
     meta = {"time": time.strftime("%Y-%m-%d %H:%M:%S"), "engine": plan.engine, "model": args.model,
             "dtype": args.dtype, "device": args.device,
@@ -763,7 +989,12 @@ def main(argv: list[str] | None = None) -> int:
             "systems": plan.systems, "reference": reference_system(plan.systems), "k": args.k,
             "drafter_config": plan.drafter_config, "base_url": plan.base_url,
             "served_model": plan.served_model, "torch": torch.__version__,
-            "descriptions": {s: describe(s, plan) for s in plan.systems}, "notes": notes}
+            "descriptions": {s: describe(s, plan) for s in plan.systems}, "notes": notes,
+            "repeats": args.repeats,
+            "runs": [{"system": r.system, "pid": r.pid, "load_s": r.load_s,
+                      "decode_tok_s": r.decode_tok_s} for r in runs],
+            "anchor": anchor.describe() if anchor else None,
+            "anchor_ok": anchor.ok if anchor else None}
     if any(s in VLLM_SYSTEMS for s in plan.systems):
         import vllm
 
@@ -771,7 +1002,7 @@ def main(argv: list[str] | None = None) -> int:
         meta["vllm_cpu_env"] = {k: v for k, v in sorted(os.environ.items()) if k.startswith("VLLM_CPU_")}
     if args.device.startswith("cuda"):
         meta["cpu"] = torch.cuda.get_device_name()
-    summary = summarise(rows, plan.systems, plan.sets, ceilings)
+    summary = summarise(rows, plan.systems, plan.sets, ceilings, anchor)
     md = markdown(summary, meta)
     print(md)
     write_results({"meta": meta, "summary": summary, "rows": [asdict(r) for r in rows]}, md, args.out)

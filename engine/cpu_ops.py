@@ -182,7 +182,9 @@ class CpuOps:
         """Run ``x[n, hidden]`` (float32, contiguous; every sequence's rows, updated in place)
         through every layer of ``plan`` (built over block pools): RMSNorm, qkv (+ bias), RoPE +
         cache store, attention, output projection, RMSNorm, SiLU-gated MLP, both residuals.
-        The matmuls see all rows at once; RoPE and attention go per sequence."""
+        The matmuls see all rows at once; RoPE and attention go per sequence. One row of one
+        sequence (plain decoding) runs all layers in one parallel region, each thread taking a
+        share of every matmul and of the heads, with the same kernels per output (same bits)."""
         if x.dim() != 2 or not x.is_contiguous() or x.dtype != torch.float32 or x.shape[0] < 1:
             raise ValueError(f"decode_layers_paged needs contiguous float32 rows, got "
                              f"{x.dtype} {tuple(x.shape)}")

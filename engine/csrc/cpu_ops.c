@@ -1,5 +1,6 @@
 #include <immintrin.h>
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -297,16 +298,21 @@ void rms_norm(const float *x, const float *w, float *y, int64_t M, int64_t K, fl
     }
 }
 
+/* y[i] = silu(gu[i]) * gu[I + i] for i = a .. b - 1 (a, b multiples of 8) of one row gu [2I]. */
+static void silu_mul_range(const float *gu, float *y, int64_t I, int64_t a, int64_t b) {
+    const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+    for (int64_t i = a; i < b; i += 8) {
+        const __m256 g = _mm256_loadu_ps(gu + i);
+        const __m256 u = _mm256_loadu_ps(gu + I + i);
+        const __m256 sig = _mm256_div_ps(one, _mm256_add_ps(one, exp8(_mm256_sub_ps(zero, g))));
+        _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_mul_ps(g, sig), u));
+    }
+}
+
 /* y[m, i] = silu(gu[m, i]) * gu[m, I + i] for gu [M, 2I] (I % 8 == 0). */
 void silu_mul(const float *gu, float *y, int64_t M, int64_t I) {
-    const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
     for (int64_t m = 0; m < M; m++)
-        for (int64_t i = 0; i < I; i += 8) {
-            const __m256 g = _mm256_loadu_ps(gu + m * 2 * I + i);
-            const __m256 u = _mm256_loadu_ps(gu + m * 2 * I + I + i);
-            const __m256 sig = _mm256_div_ps(one, _mm256_add_ps(one, exp8(_mm256_sub_ps(zero, g))));
-            _mm256_storeu_ps(y + m * I + i, _mm256_mul_ps(_mm256_mul_ps(g, sig), u));
-        }
+        silu_mul_range(gu + m * 2 * I, y + m * I, I, 0, I);
 }
 
 /* ---- the KV cache holds float16 (IEEE half) keys and values: half the bytes attention
@@ -465,6 +471,15 @@ typedef struct {
     const int32_t *blocks;    /* block table */
 } Seq;
 
+/* Rotate one head x [D] in place by its position's D/2 (cos, sin) pairs cs (adjacent pairs). */
+static inline void rope_head(float *x, const float *cs, int64_t D) {
+    for (int64_t i = 0; i < D; i += 2) {
+        const float a = x[i], b = x[i + 1], c = cs[i], s = cs[i + 1];
+        x[i] = a * c - b * s;
+        x[i + 1] = a * s + b * c;
+    }
+}
+
 /* Rotate the q and k heads of each row (adjacent pairs, rope[pos] holds D/2 (cos, sin) pairs)
    in place and store its k, v rows in the pools. */
 void rope_store_paged(float *qkv, const float *rope, const Seq *seqs, int64_t S, int64_t H,
@@ -475,15 +490,8 @@ void rope_store_paged(float *qkv, const float *rope, const Seq *seqs, int64_t S,
         for (int64_t r = 0; r < sq->n; r++) {
             float *v = qkv + (sq->row0 + r) * row;
             const int64_t pos = sq->start + r;
-            const float *cs = rope + pos * D;
-            for (int64_t head = 0; head < H + KV; head++) {
-                float *x = v + head * D;
-                for (int64_t i = 0; i < D; i += 2) {
-                    const float a = x[i], b = x[i + 1], c = cs[i], s = cs[i + 1];
-                    x[i] = a * c - b * s;
-                    x[i + 1] = a * s + b * c;
-                }
-            }
+            for (int64_t head = 0; head < H + KV; head++)
+                rope_head(v + head * D, rope + pos * D, D);
             const int64_t block = sq->blocks[pos / BS], off = pos % BS;
             for (int64_t j = 0; j < KV; j++) {
                 store_kv_row(k_pool + ((block * KV + j) * BS + off) * D, v + (H + j) * D, D);
@@ -620,6 +628,119 @@ void attend_paged(const float *q, int64_t q_stride, const kv_t *k_pool, const kv
     }
 }
 
+/* ---- one row of one sequence (plain decoding): every layer inside one parallel region ----
+   Spawning a team per matmul and per attention costs two synchronisations each, five times a
+   layer, and leaves the other threads spinning while one runs the norms, RoPE and the SiLU gate.
+   Here the team lives for the whole step and meets at five barriers a layer; each thread
+   computes its share of every matmul's outputs, the RoPE and cache store of the heads it
+   computed, and the attention of its query heads, and repeats the small row-wide steps (RMSNorm,
+   activation quantisation) itself. Every output uses the same kernel and order as the
+   one-row path of decode_layers_paged (dot1 / q4_1_dot1 / q8_0_dot1, the int8 group kernel,
+   one attention task per query head), so the bits are the same. */
+
+void q8_blocks_rows(const int8_t *q, const float *d, const float *sx, const uint8_t *w, int kind,
+                    float *y, const float *residual, int64_t N, int64_t K, int64_t n0, int64_t n1);
+void quantize_q8_rows(const float *x, int64_t M, int64_t K, int8_t *q, float *d, float *sx);
+
+/* units * t / T .. units * (t + 1) / T: thread t's even share of `units`. */
+static inline void share(int64_t units, int t, int T, int64_t *a, int64_t *b) {
+    *a = units * t / T;
+    *b = units * (t + 1) / T;
+}
+
+/* Outputs n0 .. n1 - 1 of x [1, K] . W^T (+ residual) on this thread, as matrix_apply computes
+   them for one row (n0, n1: multiples of 8, or N); q, d: x quantised (int8 matrices only). */
+static void matrix_rows(const Matrix *m, const float *x, const int8_t *q, const float *d,
+                        float *y, const float *residual, int64_t N, int64_t K, int packed_max,
+                        int64_t n0, int64_t n1) {
+    if (m->int8) {
+        q8_blocks_rows(q, d, d + K / 32, m->int8, m->kind, y, residual, N, K, n0, n1);
+        return;
+    }
+    if (m->packed && packed_max >= 1) {
+        const int64_t row_bytes = K / 32 * (m->kind == 0 ? 20 : 34);
+        for (int64_t n = n0; n < n1; n++)
+            PACKED_DOTS[m->kind][1](m->packed + n * row_bytes, 1, x, K, y + n, N);
+    } else {
+        for (int64_t n = n0; n < n1; n++)
+            DOTS[1](m->dense + n * K, x, K, y + n, N);
+    }
+    if (residual)
+        for (int64_t i = n0; i < n1; i++) y[i] += residual[i];
+}
+
+/* x quantised into q, d (d [K/32 scales, K/32 sums]) when m multiplies int8 activations. */
+static inline void quantize_for(const Matrix *m, const float *x, int64_t K, int8_t *q, float *d) {
+    if (m->int8)
+        quantize_q8_rows(x, 1, K, q, d, d + K / 32);
+}
+
+static void decode_one_row(float *x, const Seq *sq, const Layer *layers, int64_t L, int64_t E,
+                           int64_t I, int64_t H, int64_t KV, int64_t D, int64_t BS,
+                           const float *rope, float eps, float scale, int packed_max, int threads) {
+    const int64_t Q = (H + 2 * KV) * D, groups = H / KV, pos = sq->start;
+    const int64_t widest = E > I ? (E > H * D ? E : H * D) : (I > H * D ? I : H * D);
+    float *qkv = (float *)malloc((size_t)Q * sizeof(float));
+    float *att = (float *)malloc((size_t)(H * D) * sizeof(float));
+    float *mid = (float *)malloc((size_t)E * sizeof(float));
+    float *gu = (float *)malloc((size_t)(2 * I) * sizeof(float));
+    float *act = (float *)malloc((size_t)I * sizeof(float));
+#pragma omp parallel num_threads(threads)
+    {
+        const int t = omp_get_thread_num(), T = omp_get_num_threads();
+        float *h = (float *)malloc((size_t)E * sizeof(float));
+        int8_t *q = (int8_t *)malloc((size_t)widest);
+        float *d = (float *)malloc((size_t)(2 * (widest / 32)) * sizeof(float));
+        int64_t a, b;
+        for (int64_t l = 0; l < L; l++) {
+            const Layer *w = layers + l;
+            const int64_t block = sq->blocks[pos / BS], off = pos % BS;
+            /* qkv by whole heads, each rotated and its k / v stored by the thread that made it */
+            rms_norm(x, w->attn_norm, h, 1, E, eps);
+            quantize_for(&w->qkv, h, E, q, d);
+            share(H + 2 * KV, t, T, &a, &b);
+            matrix_rows(&w->qkv, h, q, d, qkv, NULL, Q, E, packed_max, a * D, b * D);
+            for (int64_t head = a; head < b; head++) {
+                float *v = qkv + head * D;
+                if (w->bqkv)
+                    for (int64_t i = 0; i < D; i++) v[i] += w->bqkv[head * D + i];
+                if (head < H + KV)
+                    rope_head(v, rope + pos * D, D);
+                if (head >= H && head < H + KV)
+                    store_kv_row(w->k_cache + ((block * KV + head - H) * BS + off) * D, v, D);
+                else if (head >= H + KV)
+                    store_kv_row(w->v_cache + ((block * KV + head - H - KV) * BS + off) * D, v, D);
+            }
+#pragma omp barrier
+            share(H, t, T, &a, &b);
+            for (int64_t head = a; head < b; head++) {
+                const AttendTask task = {0, head / groups, 0, 1, head % groups, 1};
+                attend_paged_task(qkv, Q, w->k_cache, w->v_cache, att, sq, &task, H, KV, D, BS,
+                                  scale);
+            }
+#pragma omp barrier
+            quantize_for(&w->o, att, H * D, q, d);
+            share(E / 8, t, T, &a, &b);
+            matrix_rows(&w->o, att, q, d, mid, x, E, H * D, packed_max, a * 8, b * 8);
+#pragma omp barrier
+            /* gate and up rows of the same slice, then its SiLU gate */
+            rms_norm(mid, w->mlp_norm, h, 1, E, eps);
+            quantize_for(&w->gate_up, h, E, q, d);
+            share(I / 8, t, T, &a, &b);
+            matrix_rows(&w->gate_up, h, q, d, gu, NULL, 2 * I, E, packed_max, a * 8, b * 8);
+            matrix_rows(&w->gate_up, h, q, d, gu, NULL, 2 * I, E, packed_max, I + a * 8, I + b * 8);
+            silu_mul_range(gu, act, I, a * 8, b * 8);
+#pragma omp barrier
+            quantize_for(&w->down, act, I, q, d);
+            share(E / 8, t, T, &a, &b);
+            matrix_rows(&w->down, act, q, d, x, mid, E, I, packed_max, a * 8, b * 8);
+#pragma omp barrier
+        }
+        free(d); free(q); free(h);
+    }
+    free(act); free(gu); free(mid); free(att); free(qkv);
+}
+
 /* Rows x [n, E] (in place) of S sequences, each with its own positions and block table, through
    L layers whose k_cache / v_cache are block pools: RMSNorm, qkv (+ bias), RoPE + cache store,
    attention, output projection, RMSNorm, SiLU-gated MLP, both residuals.
@@ -629,6 +750,11 @@ void decode_layers_paged(float *x, int64_t n, const Seq *seqs, int64_t S, const 
                          int64_t L, int64_t E, int64_t I, int64_t H, int64_t KV, int64_t D,
                          int64_t BS, const float *rope, float eps, float scale, int packed_max,
                          int threads) {
+    if (n == 1 && S == 1) {
+        decode_one_row(x, seqs, layers, L, E, I, H, KV, D, BS, rope, eps, scale, packed_max,
+                       threads);
+        return;
+    }
     const int64_t Q = (H + 2 * KV) * D;
     float *h = (float *)malloc((size_t)(n * E) * sizeof(float));
     float *mid = (float *)malloc((size_t)(n * E) * sizeof(float));

@@ -157,6 +157,29 @@ void q8_blocks_linear(const int8_t *q, const float *d, const float *sx, const ui
         for (int64_t i = 0; i < M * N; i++) y[i] += residual[i];
 }
 
+/* Outputs n0 .. n1 - 1 of one activation row (quantised by quantize_q8_rows) as
+   q8_blocks_linear computes them for M = 1, on the calling thread alone: the groups of 8 rows
+   holding them (n0 % 8 == 0, and n1 % 8 == 0 or n1 == N), then + residual. A worker's share of
+   one matmul inside a parallel region that the caller already runs. */
+void q8_blocks_rows(const int8_t *q, const float *d, const float *sx, const uint8_t *w, int kind,
+                    float *y, const float *residual, int64_t N, int64_t K, int64_t n0, int64_t n1) {
+    const int64_t nb = K / 32, group_bytes = nb * (kind == 0 ? 160 : 272);
+    for (int64_t G = n0 / 8; G * 8 < n1; G++) {
+        const int64_t first = G * 8, valid = N - first < 8 ? N - first : 8;
+        __m256 acc;
+        GROUPS[kind][1](w + G * group_bytes, nb, q, d, sx, K, &acc);
+        if (valid == 8) {
+            _mm256_storeu_ps(y + first, acc);
+        } else {
+            float tmp[8];
+            _mm256_storeu_ps(tmp, acc);
+            memcpy(y + first, tmp, (size_t)valid * sizeof(float));
+        }
+    }
+    if (residual)
+        for (int64_t i = n0; i < n1; i++) y[i] += residual[i];
+}
+
 /* quantize_q8_rows, then q8_blocks_linear: x [M, K] float32 (K % 32 == 0), W interleaved. */
 void int8_linear(const float *x, const uint8_t *w, int kind, float *y, const float *residual,
                  int64_t M, int64_t N, int64_t K, int threads) {

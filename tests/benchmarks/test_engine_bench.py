@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -162,3 +163,102 @@ def test_llamacpp_without_llama_cpp_is_skipped_with_a_note(tmp_path, capsys, mon
     err = capsys.readouterr().err
     assert "llamacpp skipped" in err and "no system left" in err and "loaded" not in err
     assert not list(tmp_path.iterdir())
+
+
+# ------------------------------------------------------------- one process per system, anchor
+
+def test_every_system_runs_alone_in_a_process_of_its_own(tmp_path):
+    code = engine_bench.main(["--systems", "plain,plain-int8", "--sets", "chat", "--limit", "1",
+                              "--max-tokens", "4", "--repeats", "2", "--threads", "1",
+                              "--out", str(tmp_path)])
+    assert code == 0
+    results = _results(tmp_path)
+    runs, rows = results["meta"]["runs"], results["rows"]
+    # two passes, the second rotated; every run in its own fresh process, none in this one
+    assert [r["system"] for r in runs] == ["plain", "plain-int8", "plain-int8", "plain"]
+    pids = [r["pid"] for r in runs]
+    assert len(set(pids)) == 4 and os.getpid() not in pids
+    assert sorted((r["system"], r["pid"]) for r in rows) == sorted(
+        (r["system"], r["pid"]) for r in runs)
+    assert results["summary"]["all"]["plain"]["prompts"] == 2
+    assert results["summary"]["all"]["plain"]["same_output_as_plain"] == "2/2"
+    assert results["meta"]["anchor"] is None  # no llama.cpp: nothing to check
+
+
+def test_schedule_brackets_every_pass_with_the_anchor_and_rotates_the_rest():
+    assert engine_bench.schedule(["plain", "plain-int8", "llamacpp"], 2) == [
+        "llamacpp", "plain", "plain-int8", "llamacpp", "plain-int8", "plain", "llamacpp"]
+    assert engine_bench.schedule(["a", "b", "c"], 3) == ["a", "b", "c", "b", "c", "a",
+                                                        "c", "a", "b"]
+    assert engine_bench.schedule(["llamacpp"], 2) == ["llamacpp", "llamacpp"]
+    with pytest.raises(ValueError, match="at least 1"):
+        engine_bench.schedule(["plain"], 0)
+
+
+def _run(system: str, index: int, decode_tok_s: float, prefill_s: float) -> "engine_bench.Run":
+    """A run of one prompt: 101 tokens, so 100 decode tokens at ``decode_tok_s``."""
+    row = engine_bench.Row(system, "agent_code", "agent-0", 300, 101, prefill_s,
+                           100 / decode_tok_s, prefill_s + 100 / decode_tok_s, pid=1000 + index,
+                           run=index)
+    return engine_bench.Run(system, index, 1000 + index, 1.0, [row])
+
+
+def _table_row(md: str, system: str) -> dict[str, str]:
+    """The cells of ``system``'s row in the first table of ``md``, by column title."""
+    lines = md.splitlines()
+    header = next(line for line in lines if line.startswith("| system |"))
+    row = next(line for line in lines if line.startswith(f"| {system} |"))
+    return dict(zip(header.strip("| ").split(" | "), row.strip("| ").split(" | "), strict=True))
+
+
+def _anchored(anchor_speeds: list[float]) -> tuple[dict, str]:
+    runs = [_run("llamacpp", 0, anchor_speeds[0], 0.8), _run("plain-int8", 1, 80.0, 0.2),
+            _run("plain", 2, 40.0, 0.4)]
+    runs += [_run("llamacpp", 3 + i, s, 0.8) for i, s in enumerate(anchor_speeds[1:])]
+    systems = ["plain", "plain-int8", "llamacpp"]
+    check = engine_bench.AnchorCheck.of(runs, 0.10)
+    rows = [row for run in runs for row in run.rows]
+    summary = engine_bench.summarise(rows, systems, ["agent_code"], anchor=check)
+    meta = {"time": "t", "model": "m", "dtype": "bf16", "device": "cpu", "cpu": "x", "threads": 2,
+            "max_tokens": 128, "systems": systems, "reference": "plain",
+            "descriptions": {s: s for s in systems}, "anchor": check.describe(),
+            "anchor_ok": check.ok}
+    return summary, engine_bench.markdown(summary, meta)
+
+
+def test_an_unsteady_anchor_withholds_every_ratio_against_llama_cpp():
+    summary, md = _anchored([100.0, 70.0])  # llama.cpp alone: 100 tok/s, then 70 tok/s
+    int8 = summary["all"]["plain-int8"]
+    assert "speedup_vs_llamacpp" not in int8 and "prefill_speedup_vs_llamacpp" not in int8
+    assert int8["speedup_vs_plain"] == pytest.approx(2.0)  # other ratios stay
+    assert "spread 30.0% (tolerance 10%): UNSTEADY" in md
+    assert "No ratio against llama.cpp" in md and "Against llama.cpp (" not in md
+    cells = _table_row(md, "plain-int8")
+    assert (cells["x llama.cpp"], cells["prefill s"], cells["prefill x llama.cpp"]) == ("-", "0.20", "-")
+
+
+def test_a_steady_anchor_gives_decode_and_prefill_ratios():
+    summary, md = _anchored([100.0, 95.0, 98.0])
+    int8, plain = summary["all"]["plain-int8"], summary["all"]["plain"]
+    anchor_speed = 300 / (100 / 100 + 100 / 95 + 100 / 98)  # its tokens over its decode time
+    assert int8["speedup_vs_llamacpp"] == pytest.approx(80 / anchor_speed)
+    assert plain["speedup_vs_llamacpp"] == pytest.approx(40 / anchor_speed)
+    assert int8["prefill_speedup_vs_llamacpp"] == pytest.approx(4.0)
+    assert plain["prefill_speedup_vs_llamacpp"] == pytest.approx(2.0)
+    assert "spread 5.0% (tolerance 10%): steady" in md
+    cells = _table_row(md, "plain-int8")
+    assert cells["x llama.cpp"] == f"{80 / anchor_speed:.2f}" and cells["prefill x llama.cpp"] == "4.00"
+    assert f"`plain-int8` decode {80 / anchor_speed:.2f}x, prefill 4.00x faster" in md
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None,
+                    reason="llama-cpp-python is not installed")
+def test_llama_cpp_anchor_runs_around_the_native_system_in_fresh_processes(tmp_path):
+    code = engine_bench.main(["--systems", "plain-int8,llamacpp", "--sets", "chat", "--limit", "1",
+                              "--max-tokens", "4", "--repeats", "1", "--threads", "1",
+                              "--anchor-tolerance", "0.99", "--out", str(tmp_path)])
+    assert code == 0
+    meta = _results(tmp_path)["meta"]
+    assert [r["system"] for r in meta["runs"]] == ["llamacpp", "plain-int8", "llamacpp"]
+    assert len({r["pid"] for r in meta["runs"]}) == 3
+    assert meta["anchor_ok"] is True and "llama.cpp anchor runs" in meta["anchor"]

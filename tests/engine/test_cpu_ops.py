@@ -99,3 +99,47 @@ def test_attend_rows_do_not_depend_on_the_batch(ops):
     for r in range(n):
         alone = attend(ops, qkv[r:r + 1].clone(), k_cache, v_cache, start + r, heads, kv_heads, dim)
         assert torch.equal(alone[0], together[r])
+
+
+def _one_row_and_batched(model, threads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The logits of one decode row of sequence A stepped alone (the one-row path of the
+    kernels: one parallel region for the whole step) and the same row stepped beside a row of
+    sequence B (the batched path)."""
+    torch.set_num_threads(threads)
+    pool = model.new_pool(8, 16)
+    a, b = (torch.arange(i * 4, i * 4 + 4, dtype=torch.int32) for i in range(2))
+    prompt_a = torch.arange(3, 40) % model.vocab_size
+    prompt_b = torch.arange(50, 71) % model.vocab_size
+    with torch.inference_mode():
+        model(prompt_a, [SeqRows(0, len(prompt_a), a)], pool)
+        model(prompt_b, [SeqRows(0, len(prompt_b), b)], pool)
+        alone = model(torch.tensor([7]), [SeqRows(len(prompt_a), 1, a)], pool)
+        batched = model(torch.tensor([7, 9]), [SeqRows(len(prompt_a), 1, a),
+                                               SeqRows(len(prompt_b), 1, b)], pool)
+    return alone[0], batched[0]
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_a_one_row_step_gives_the_bits_of_the_batched_step(ops, threads):
+    before = torch.get_num_threads()
+    try:
+        alone, batched = _one_row_and_batched(qwen_like(), threads)  # with a qkv bias
+        assert torch.equal(alone, batched)
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("precision", ["exact", "int8"])
+def test_a_one_row_step_of_the_pulled_model_gives_the_bits_of_the_batched_step(ops, precision):
+    from agentrt.engine import models
+    from agentrt.engine.llama import Transformer
+
+    model = Transformer.from_pretrained(models.ensure("smollm2-135m", "bf16"), "bf16",
+                                        max_seq_len=256, precision=precision)
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            alone, batched = _one_row_and_batched(model, threads)
+            assert torch.equal(alone, batched), f"{precision}, {threads} threads"
+    finally:
+        torch.set_num_threads(before)
