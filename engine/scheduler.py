@@ -24,23 +24,13 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .drafters.base import Draft
+from .drafters.base import Draft, common_prefix
 from .kv_cache import KVPool
 from .metrics import BatchMetrics
 from .native_config import NativeConfig
 from .sequence import RequestState
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """How many leading tokens ``a`` and ``b`` share."""
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 @dataclass

@@ -85,3 +85,12 @@ class Drafter(Protocol):
         """Forget everything kept across requests (outputs, remembered text, cached tokens):
         afterwards the drafter proposes as a fresh one of the same configuration would."""
         ...
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` share."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i

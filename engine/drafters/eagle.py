@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from agentrt.kernels import probs_from_logits, sample
 
 from ..eagle.head import DraftHead, HeadCache
-from .base import Draft, DraftSampling
+from .base import Draft, DraftSampling, common_prefix
 from .suffix import SuffixDrafter
 
 
@@ -53,12 +53,7 @@ class EagleDrafter:
         state = EagleState(self, prompt_ids, sampling or DraftSampling())
         best, best_end = None, 0
         for tokens, cache in self.kept:
-            shared = 0
-            for a, b in zip(tokens, state.tokens):
-                if a != b:
-                    break
-                shared += 1
-            end = min(cache.end, shared - 1)  # the pair at p reads the token at p + 1
+            end = min(cache.end, common_prefix(tokens, state.tokens) - 1)  # the pair at p reads the token at p + 1
             if end > max(best_end, cache.start):
                 best, best_end = cache, end
         if best is not None:

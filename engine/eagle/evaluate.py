@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..base import SamplingParams
+from ..metrics import DecodeMetrics
 from .head import HeadConfig, head_dir
 from .prompts import training_prompts
 
@@ -19,33 +20,34 @@ HELDOUT_SEED = 7919
 
 @dataclass
 class EvalReport:
-    """Acceptance of a head's drafts on held-out prompts (greedy, fixed draft length)."""
+    """Acceptance of a head's drafts on held-out prompts (greedy, fixed draft length): the
+    engine's `DecodeMetrics` of the whole evaluation."""
 
     head: str
     prompts: int
     draft_tokens: int
-    generated_tokens: int = 0
-    verify_steps: int = 0
-    accepted_per_position: list[int] = field(default_factory=list)
-    drafted_per_position: list[int] = field(default_factory=list)
+    metrics: DecodeMetrics = field(default_factory=DecodeMetrics)
     wall_s: float = 0.0
 
     @property
     def acceptance(self) -> list[float]:
-        """Per position i: the share of drafts whose tokens 0..i were all accepted."""
-        return [a / d if d else 0.0 for a, d in zip(self.accepted_per_position, self.drafted_per_position)]
+        """Per position i: the share of drafts with a token i whose tokens 0..i were all
+        accepted."""
+        return self.metrics.position_acceptance
 
     @property
     def conditional(self) -> list[float]:
         """Per position i: the share of drafts with tokens 0..i-1 accepted whose token i was
         accepted too."""
-        reached = [d for d in self.drafted_per_position[:1]] + self.accepted_per_position[:-1]
-        return [a / r if r else 0.0 for a, r in zip(self.accepted_per_position, reached)]
+        m = self.metrics
+        reached = m.drafted_per_position[:1] + m.accepted_per_position[:-1]
+        return [a / r if r else 0.0 for a, r in zip(m.accepted_per_position, reached)]
 
     @property
     def mean_accepted(self) -> float:
         """Tokens per verify step (accepted drafts + the target's own token)."""
-        return self.generated_tokens / self.verify_steps if self.verify_steps else 0.0
+        m = self.metrics
+        return m.generated_tokens / m.verify_steps if m.verify_steps else 0.0
 
 
 def heldout_prompts(count: int, exclude: list | None = None):
@@ -86,21 +88,19 @@ def evaluate(model: str = "smollm2-135m", head: str | Path | None = None, *, pro
     finally:
         engine.close()
     report.wall_s = time.perf_counter() - start
-    m = engine.metrics()
-    report.generated_tokens, report.verify_steps = m.generated_tokens, m.verify_steps
-    report.accepted_per_position = list(m.accepted_per_position)
-    report.drafted_per_position = list(m.drafted_per_position)
+    report.metrics = engine.metrics()
     return report
 
 
 def format_report(report: EvalReport) -> str:
     """The report as printed by ``agentrt draft eval``."""
+    m = report.metrics
     lines = [f"head {report.head}: {report.prompts} held-out prompts, {report.draft_tokens} "
-             f"drafted tokens per step, {report.generated_tokens} tokens in "
-             f"{report.verify_steps} verify steps ({report.wall_s:.1f} s)",
+             f"drafted tokens per step, {m.generated_tokens} tokens in "
+             f"{m.verify_steps} verify steps ({report.wall_s:.1f} s)",
              f"mean accepted length (tokens per verify step): {report.mean_accepted:.2f}",
              "position  drafted  accepted  acceptance  given the earlier ones"]
-    for i, (d, a, r, c) in enumerate(zip(report.drafted_per_position, report.accepted_per_position,
+    for i, (d, a, r, c) in enumerate(zip(m.drafted_per_position, m.accepted_per_position,
                                          report.acceptance, report.conditional)):
         lines.append(f"{i + 1:8d} {d:8d} {a:9d} {r:11.3f} {c:23.3f}")
     return "\n".join(lines)
