@@ -71,8 +71,8 @@ from typing import Any
 import torch
 
 from .ceiling import Walk, walk
-from .engine_common import (PROMPT_DIR, PROMPT_SETS, RESULTS_DIR, VLLM_SYSTEMS, load_prompts,
-                            write_results)
+from .engine_common import (PROMPT_DIR, PROMPT_SETS, RESULTS_DIR, VLLM_SYSTEMS, child_env,
+                            load_prompts, write_results)
 
 ENGINES = ("native", "vllm", "openai")
 NATIVE_SYSTEMS = ("hf", "hf-lookup", "plain", "ngram", "suffix", "draft")
@@ -614,9 +614,7 @@ def run_isolated(argv: list[str], order: list[str], ceiling_from: str | None,
             if system == ceiling_from and not ceiling_asked:
                 command.append("--worker-ceiling")
                 ceiling_asked = True
-            env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-                p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)}
-            code = subprocess.run(command, cwd=REPO_ROOT, env=env).returncode
+            code = subprocess.run(command, cwd=REPO_ROOT, env=child_env()).returncode
             if code != 0 or not out.is_file():
                 raise BenchSetupError(f"{system}'s process exited with code {code} (its error is "
                                       "above)")

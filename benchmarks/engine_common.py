@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -36,3 +37,10 @@ def write_results(payload: dict, md: str, out: str | Path) -> Path:
     (out_dir / f"engine-{stamp}.md").write_text(md)
     print(f"\nwrote {target} and .md")
     return target
+
+
+def child_env() -> dict[str, str]:
+    """This process's environment with the repository first on ``PYTHONPATH``, for a benchmark
+    that runs each system in a ``python -m benchmarks...`` process of its own."""
+    path = os.pathsep.join(p for p in (str(HERE.parent), os.environ.get("PYTHONPATH")) if p)
+    return {**os.environ, "PYTHONPATH": path}

@@ -47,9 +47,7 @@ from typing import Any
 
 from agentrt.demo import REVIEWS
 
-from .engine_common import HERE, VLLM_SYSTEMS, load_prompts, write_results
-
-ROOT = HERE.parent
+from .engine_common import VLLM_SYSTEMS, child_env, load_prompts, write_results
 
 NATIVE = ("plain", "ngram", "suffix", "draft")
 RULES = "\n".join(f"Rule {i}: when the input mentions item {i}, answer with the code word "
@@ -358,9 +356,7 @@ def run_in_child(args, system: str, prefix_scenarios: bool) -> dict[str, Any]:
                    "--prefix-scenarios" if prefix_scenarios else "--no-prefix-scenarios",
                    *bench_argv(args, overrides)]
         print(f"engine bench: {system} in its own process", file=sys.stderr)
-        path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
-        done = subprocess.run(command, env={**os.environ, "PYTHONPATH": path},
-                              stdout=subprocess.DEVNULL, check=False)
+        done = subprocess.run(command, env=child_env(), stdout=subprocess.DEVNULL, check=False)
         found = sorted(Path(out).glob("engine-*.json"))
         if done.returncode != 0 or not found:
             raise BenchChildError(f"{system}: its process exited with status {done.returncode}"
