@@ -256,6 +256,18 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError, ToolError) as exc:
         print(f"agentrt: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        return _interrupted()
+    except BaseExceptionGroup as group:  # a Ctrl-C that reached a task group
+        if group.subgroup(KeyboardInterrupt) is None:
+            raise
+        return _interrupted()
+
+
+def _interrupted() -> int:
+    """Ctrl-C: one line instead of a traceback, and the shell's exit status for SIGINT."""
+    print("agentrt: interrupted (Ctrl-C)", file=sys.stderr)
+    return 130
 
 
 if __name__ == "__main__":
