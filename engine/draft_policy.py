@@ -229,6 +229,12 @@ def plan_draft_lengths(chains: list[list[float]], base_tokens: int, base_rows: i
     return lengths
 
 
+def _model_plan(make_draft, k: int) -> tuple[list[int], Draft]:
+    """A model draft of ``k`` tokens (none when ``k`` is 0)."""
+    draft = make_draft(k) if k > 0 else Draft([])
+    return draft.tokens[:k], draft
+
+
 def choose_drafts(decoding: list[RequestState], policy: AdaptiveK | None, lookup: bool,
                   fixed_k: int | None, max_k: int, max_seq_len: int, hybrid: bool = False
                   ) -> dict[RequestState, tuple[list[int], Draft]]:
@@ -260,13 +266,9 @@ def choose_drafts(decoding: list[RequestState], policy: AdaptiveK | None, lookup
                                  >= policy.best_rate(room, 0)):
                 lookups.append((seq, found))
             else:
-                k = policy.choose(room)
-                draft = seq.state.model_draft(k) if k > 0 else draft
-                plans[seq] = (draft.tokens[:k], draft)
-        elif not lookup:
-            k = policy.choose(room)  # model drafts cost a forward per token: choose k first
-            draft = seq.state.draft(k) if k > 0 else draft
-            plans[seq] = (draft.tokens[:k], draft)
+                plans[seq] = _model_plan(seq.state.model_draft, policy.choose(room))
+        elif not lookup:  # model drafts cost a forward per token: choose k first
+            plans[seq] = _model_plan(seq.state.draft, policy.choose(room))
         else:  # lookups are cheap: see every match, then choose the k's together
             lookups.append((seq, seq.state.draft(min(room, max_k))))
     urgent = min((seq.priority for seq in decoding), default=0)
