@@ -522,8 +522,6 @@ def describe(system: str, plan: Plan) -> str:
 
 # ------------------------------------------------------------------ one process per system
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-
 
 @dataclass
 class Run:
@@ -614,7 +612,7 @@ def run_isolated(argv: list[str], order: list[str], ceiling_from: str | None,
             if system == ceiling_from and not ceiling_asked:
                 command.append("--worker-ceiling")
                 ceiling_asked = True
-            code = subprocess.run(command, cwd=REPO_ROOT, env=child_env()).returncode
+            code = subprocess.run(command, env=child_env()).returncode
             if code != 0 or not out.is_file():
                 raise BenchSetupError(f"{system}'s process exited with code {code} (its error is "
                                       "above)")

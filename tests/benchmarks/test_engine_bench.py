@@ -167,12 +167,15 @@ def test_llamacpp_without_llama_cpp_is_skipped_with_a_note(tmp_path, capsys, mon
 
 # ------------------------------------------------------------- one process per system, anchor
 
-def test_every_system_runs_alone_in_a_process_of_its_own(tmp_path):
+def test_every_system_runs_alone_in_a_process_of_its_own(tmp_path, monkeypatch):
+    # relative paths mean the same in every child as here: a config file named from this cwd
+    monkeypatch.chdir(tmp_path)
+    Path("native.json").write_text('{"draft_tokens": 3}')
     code = engine_bench.main(["--systems", "plain,plain-int8", "--sets", "chat", "--limit", "1",
                               "--max-tokens", "4", "--repeats", "2", "--threads", "1",
-                              "--out", str(tmp_path)])
+                              "--drafter-config", "native.json", "--out", "out"])
     assert code == 0
-    results = _results(tmp_path)
+    results = _results(tmp_path / "out")
     runs, rows = results["meta"]["runs"], results["rows"]
     # two passes, the second rotated; every run in its own fresh process, none in this one
     assert [r["system"] for r in runs] == ["plain", "plain-int8", "plain-int8", "plain"]
