@@ -11,6 +11,7 @@ own guesses at the next step.
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -35,8 +36,12 @@ class EagleDrafter:
     name = "eagle"
     lookup = False
 
-    def __init__(self, head: DraftHead, embed: torch.Tensor) -> None:
-        self.head = head.eval()
+    def __init__(self, head: DraftHead, embed: torch.Tensor,
+                 weights_dtype: torch.dtype | None = torch.bfloat16) -> None:
+        self.head = copy.deepcopy(head).eval()
+        """A copy of ``head``, its matrices in ``weights_dtype`` for drafting (None: as given)."""
+        if weights_dtype is not None:
+            self.head.prepare_drafting(weights_dtype)
         self.embed = embed
         self.features: tuple[int, ...] = tuple(head.config.aux_layers)
         """The target layers whose input the engine captures for this drafter."""

@@ -235,6 +235,8 @@ class DraftHead(nn.Module):
         self.midlayer = _MidLayer(c)
         self.norm = nn.RMSNorm(c.hidden_size, eps=c.rms_norm_eps)
         self.lm_head = nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
+        self.drafting: dict[str, Tensor] = {}
+        """Matrices for drafting (`prepare_drafting`); empty: the modules' own."""
         self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.long))
         self.register_buffer("t2d", torch.zeros(c.target_vocab_size, dtype=torch.bool))
         self.t2d[:c.draft_vocab_size] = True  # until `set_vocabulary`: the first ids, as d2t says
@@ -278,25 +280,56 @@ class DraftHead(nn.Module):
         c, layer = self.config, self.midlayer
         x = torch.cat([_norm(layer.input_layernorm, e), _norm(layer.hidden_norm, h)], dim=-1)
         attn = layer.self_attn
-        q = attn.q_proj(x).unflatten(-1, (c.num_heads, c.head_dim))
-        k = attn.k_proj(x).unflatten(-1, (c.num_kv_heads, c.head_dim))
-        v = attn.v_proj(x).unflatten(-1, (c.num_kv_heads, c.head_dim))
+        q, k, v = self._project("qkv", x, attn.q_proj, attn.k_proj, attn.v_proj)
+        q = q.unflatten(-1, (c.num_heads, c.head_dim))
+        k = k.unflatten(-1, (c.num_kv_heads, c.head_dim))
+        v = v.unflatten(-1, (c.num_kv_heads, c.head_dim))
         return self._rope(q, positions), self._rope(k, positions), v
 
     def _finish(self, attn: Tensor, h: Tensor) -> Tensor:
         """The layer's pre-norm output from attention rows ``[..., n, heads * head_dim]``."""
         layer = self.midlayer
-        h2 = layer.self_attn.o_proj(attn) + h
-        x = _norm(layer.post_attention_layernorm, h2)
-        return layer.mlp.down_proj(F.silu(layer.mlp.gate_proj(x)) * layer.mlp.up_proj(x)) + h2
+        mlp = layer.mlp
+        h2 = self._project("o", attn, layer.self_attn.o_proj)[0] + h
+        gate, up = self._project("gate_up", _norm(layer.post_attention_layernorm, h2),
+                                 mlp.gate_proj, mlp.up_proj)
+        return self._project("down", F.silu(gate) * up, mlp.down_proj)[0] + h2
 
     def logits(self, out: Tensor) -> Tensor:
         """Draft-vocabulary logits of pre-norm outputs."""
-        return self.lm_head(_norm(self.norm, out))
+        return self._project("lm_head", _norm(self.norm, out), self.lm_head)[0]
 
     def fuse(self, features: Tensor) -> Tensor:
         """``fc`` of target features ``[..., 3 * target_hidden]``."""
+        if self.drafting:
+            return self._project("fc", features, self.fc)[0]
         return self.fc(features.to(self.fc.weight.dtype))
+
+    def _project(self, name: str, x: Tensor, *layers: nn.Linear) -> tuple[Tensor, ...]:
+        """``layer(x)`` for each of ``layers`` (same input); on a head prepared for drafting,
+        one matmul with the stacked ``name`` matrix, float32 out."""
+        if not self.drafting:
+            return tuple(layer(x) for layer in layers)
+        w = self.drafting[name]
+        y = F.linear(x.to(w.dtype), w).float()
+        return y.split([layer.out_features for layer in layers], dim=-1)
+
+    def prepare_drafting(self, dtype: torch.dtype = torch.bfloat16) -> DraftHead:
+        """Make this head's forwards use copies of its matrices in ``dtype`` (a one-row head
+        step is bound by reading them: bfloat16 halves that), q/k/v and gate/up stacked into
+        one matrix each; returns the head. For inference only: training updates the original
+        matrices, not these copies."""
+        a, m = self.midlayer.self_attn, self.midlayer.mlp
+        with torch.no_grad():
+            self.drafting = {
+                "qkv": torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).to(dtype),
+                "o": a.o_proj.weight.to(dtype),
+                "gate_up": torch.cat([m.gate_proj.weight, m.up_proj.weight]).to(dtype),
+                "down": m.down_proj.weight.to(dtype),
+                "lm_head": self.lm_head.weight.to(dtype),
+                "fc": self.fc.weight.to(dtype),
+            }
+        return self
 
     # ------------------------------------------------------------------ inference
 

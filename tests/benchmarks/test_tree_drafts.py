@@ -50,7 +50,7 @@ def test_teacher_forced_drafts_are_the_engines_chain_along_the_same_path(tmp_pat
     target_dir = models.ensure("smollm2-135m", "bf16")
     model = Transformer.from_pretrained(target_dir, "bf16")
     head = DraftHead.load(random_head(tmp_path / "head", target_dir, draft_vocab_size=2048, seed=3))
-    drafter = EagleDrafter(head, model.embed.detach())
+    drafter = EagleDrafter(head, model.embed.detach(), weights_dtype=None)  # float32, as head_topk
     depth = 5
     prompt = list(range(500, 540))
     for anchor in (len(prompt) - 1, len(prompt) + 1):
