@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     from agentrt.engine.native import NativeEngine
 
     torch.set_num_threads(args.threads)
-    head = DraftHead.load(args.head or head_dir(args.model))
+    head = DraftHead.load(args.head or head_dir(args.model)).prepare_drafting()  # as the engine drafts
     recorder = FeatureRecorder(head.config.aux_layers)
     engine = NativeEngine(args.model, drafter=recorder, draft_tokens=1, prefix_cache=False,
                           precision=args.precision, threads=args.threads)
