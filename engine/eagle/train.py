@@ -1,18 +1,20 @@
 """`train`: make a draft head for a target model, in resumable stages.
 
-Stages, each kept in the work directory (``<out>/.work``) so an interrupted run resumes where it
-stopped (``replies.jsonl`` grows reply by reply; ``samples.pt`` once features are recorded;
-``checkpoint.pt`` every `Recipe.checkpoint_every` steps):
+Stages:
 
 1. the training prompt mix (`prompts.training_prompts`), checked against every held-out prompt
    set (`prompts.check_no_overlap`);
-2. the target's replies on the batched native engine (`data.generate_replies`);
-3. the target's features and argmax labels in one prefill pass per sequence
-   (`data.record_features`), and the draft vocabulary (the label tokens covering
-   `Recipe.coverage` of all labels);
-4. training with training-time test (`DraftHead.train_forward`, `Recipe.ttt_steps` steps ahead),
+2. the target's replies on the batched native engine, the features of its three feature layers
+   recorded as it runs (`data.generate_samples`), and the draft vocabulary (the label tokens
+   covering `Recipe.coverage` of all labels);
+3. training with training-time test (`DraftHead.train_forward`, `Recipe.ttt_steps` steps ahead),
    AdamW with warm-up and cosine decay; the head starts from the target's output head and
    final norm, with ``fc`` passing the highest feature layer through.
+
+The work directory (``<out>/.work``) keeps what each stage made, so an interrupted run resumes
+where it stopped (``samples/`` grows reply by reply, ``checkpoint.pt`` every
+`Recipe.checkpoint_every` steps); a recipe that changes only how the head is trained keeps the
+replies and trains afresh.
 """
 
 from __future__ import annotations
@@ -56,6 +58,9 @@ class Recipe:
     """Sequences per step."""
     window: int
     """Longest stretch of a sequence one step trains on (a random window of longer ones)."""
+    context: int
+    """Prompt positions kept before the reply in a training window (the head attends to them;
+    they carry no label)."""
     ttt_steps: int
     """Steps ahead of training-time test."""
     mix: tuple[float, float, float] = (0.5, 0.25, 0.25)
@@ -66,15 +71,18 @@ class Recipe:
     checkpoint_every: int = 25
     max_num_seqs: int = 16
     """Requests the engine batches while generating replies."""
+    precision: str = "exact"
+    """Precision of the target while it generates the replies (``int8`` is ~1.4x faster)."""
     seed: int = 0
 
 
 RECIPES: dict[str, Recipe] = {
-    "default": Recipe("default", prompts=160, max_tokens=128, sampled_share=0.25, coverage=0.95,
-                      steps=200, batch=4, window=320, ttt_steps=3, max_num_seqs=32),
+    "default": Recipe("default", prompts=1600, max_tokens=128, sampled_share=0.25, coverage=0.95,
+                      steps=1500, batch=8, window=256, context=128, ttt_steps=3, max_num_seqs=64,
+                      precision="int8"),
     "tiny": Recipe("tiny", prompts=4, max_tokens=12, sampled_share=0.5, coverage=0.95, steps=4,
-                   batch=2, window=48, ttt_steps=2, mix=(0.0, 0.5, 0.5), warmup=1, min_vocab=64,
-                   checkpoint_every=2, max_num_seqs=4),
+                   batch=2, window=48, context=48, ttt_steps=2, mix=(0.0, 0.5, 0.5), warmup=1,
+                   min_vocab=64, checkpoint_every=2, max_num_seqs=4),
 }
 
 
@@ -101,12 +109,16 @@ def train(model: str = "smollm2-135m", recipe: str | Recipe = "default", out: st
     prompts = training_prompts(r.prompts, r.seed, r.mix)
     heldout = heldout_texts()
     check_no_overlap(prompts, heldout)
-    state = json.loads(json.dumps({"recipe": asdict(r), "prompts": digest(prompts)}))
+    state = _work_state(r, digest(prompts))
     state_file = work / "state.json"
-    if not resume or not state_file.is_file() or json.loads(state_file.read_text()) != state:
+    before = json.loads(state_file.read_text()) if resume and state_file.is_file() else {}
+    if before.get("data") != state["data"]:  # other replies: start over
         for stale in work.iterdir():
             shutil.rmtree(stale) if stale.is_dir() else stale.unlink()
-        state_file.write_text(json.dumps(state))
+    elif before.get("train") != state["train"]:  # same replies, other training: keep the replies
+        for stale in ("checkpoint.pt", "done"):
+            (work / stale).unlink(missing_ok=True)
+    state_file.write_text(json.dumps(state))
     log(f"draft train: {model}, recipe {r.name}: {len(prompts)} prompts (no overlap with "
         f"{len(heldout)} held-out texts), work dir {work}")
 
@@ -114,7 +126,7 @@ def train(model: str = "smollm2-135m", recipe: str | Recipe = "default", out: st
     replies = sum(s.tokens.numel() - s.prompt_len for s in samples)
     tokens = sum(s.tokens.numel() for s in samples)
     vocab = draft_vocabulary(samples, r.coverage, r.min_vocab)
-    data = {"prompt_digest": state["prompts"], "prompts": len(prompts), "tokens": tokens,
+    data = {"prompt_digest": state["data"]["prompt_digest"], "prompts": len(prompts), "tokens": tokens,
             "reply_tokens": replies, "heldout_texts_checked": len(heldout)}
     config = HeadConfig.for_target(model, target.cfg, len(vocab), r.name, data)
     head = _initial_head(config, target, vocab)
@@ -130,6 +142,17 @@ def train(model: str = "smollm2-135m", recipe: str | Recipe = "default", out: st
     return out
 
 
+_DATA_FIELDS = ("prompts", "max_tokens", "sampled_share", "mix", "precision", "seed")
+"""Recipe fields the generated replies depend on (the rest only shape the training)."""
+
+
+def _work_state(r: Recipe, prompts_digest: str) -> dict:
+    """What a work directory was made with: the replies' inputs and the training's."""
+    recipe = json.loads(json.dumps(asdict(r)))
+    data = {k: recipe.pop(k) for k in _DATA_FIELDS}
+    return {"data": {**data, "prompt_digest": prompts_digest}, "train": recipe}
+
+
 def _generate(model: str, r: Recipe, prompts, work: Path, progress: bool) -> tuple[Transformer, list[Sample]]:
     """Stages 2 and 3: the target's replies and features, one file per prompt in
     ``work/samples`` (prompts already there are not run again)."""
@@ -142,7 +165,8 @@ def _generate(model: str, r: Recipe, prompts, work: Path, progress: bool) -> tup
     done = {int(f.stem): f for f in folder.glob("*.pt")}
     recorder = FeatureRecorder(default_aux_layers(LlamaConfig.from_dir(resolve(model)).num_layers))
     engine = NativeEngine(model, drafter=recorder, draft_tokens=1, prefix_cache=False,
-                          max_num_seqs=r.max_num_seqs, seed=r.seed, max_batch_tokens=1024)
+                          max_num_seqs=r.max_num_seqs, seed=r.seed, max_batch_tokens=1024,
+                          precision=r.precision)
     bar = tqdm(total=len(prompts), initial=len(done), desc="replies", unit="prompt",
                disable=not progress, file=sys.stderr)
 
@@ -245,7 +269,10 @@ def _ttt_loss(head: DraftHead, embed: torch.Tensor, to_draft: torch.Tensor, batc
     for s in batch:
         n = s.tokens.numel() - 1  # rows with a next token
         first = max(0, s.prompt_len - 2)  # the first row with a label (the reply's)
-        start = max(0, n - r.window) if n - first <= r.window else rng.randrange(first, n - r.window + 1)
+        if n - first <= r.window:  # the whole reply, after up to `context` prompt rows
+            start = max(0, first - r.context, n - r.window)
+        else:
+            start = rng.randrange(first, n - r.window + 1)
         windows.append((s, start, min(n, start + r.window)))
     T = max(stop - start for _, start, stop in windows)
     B = len(batch)

@@ -8,6 +8,7 @@ distribution."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -229,6 +230,15 @@ def test_tiny_training_resumes_from_its_checkpoint(tmp_path):
     assert [s.stat().st_mtime_ns for s in samples] == stamps, "replies were generated again"
     head = DraftHead.load(out)
     assert head.config.recipe == "tiny" and head.config.data["prompts"] == RECIPES["tiny"].prompts
+    # other training settings keep the replies and train afresh; other reply settings do not
+    messages.clear()
+    longer = dataclasses.replace(RECIPES["tiny"], steps=5)
+    train("smollm2-135m", longer, tmp_path, progress=False, log=messages.append)
+    assert not any("resumed" in m for m in messages) and any("trained 5 steps" in m for m in messages)
+    assert [s.stat().st_mtime_ns for s in samples] == stamps, "replies were generated again"
+    train("smollm2-135m", dataclasses.replace(longer, max_tokens=10), tmp_path, progress=False,
+          log=messages.append)
+    assert [s.stat().st_mtime_ns for s in samples] != stamps
 
 
 # ----------------------------------------------------------------------------- drafting
