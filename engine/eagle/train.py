@@ -78,7 +78,7 @@ class Recipe:
 
 RECIPES: dict[str, Recipe] = {
     "default": Recipe("default", prompts=1600, max_tokens=128, sampled_share=0.25, coverage=0.95,
-                      steps=1500, batch=8, window=256, context=128, ttt_steps=3, max_num_seqs=64,
+                      steps=400, batch=8, window=192, context=64, ttt_steps=3, max_num_seqs=64,
                       precision="int8"),
     "tiny": Recipe("tiny", prompts=4, max_tokens=12, sampled_share=0.5, coverage=0.95, steps=4,
                    batch=2, window=48, context=48, ttt_steps=2, mix=(0.0, 0.5, 0.5), warmup=1,
