@@ -301,9 +301,9 @@ class DraftHead(nn.Module):
 
     def fuse(self, features: Tensor) -> Tensor:
         """``fc`` of target features ``[..., 3 * target_hidden]``."""
-        if self.drafting:
-            return self._project("fc", features, self.fc)[0]
-        return self.fc(features.to(self.fc.weight.dtype))
+        if not self.drafting:
+            features = features.to(self.fc.weight.dtype)
+        return self._project("fc", features, self.fc)[0]
 
     def _project(self, name: str, x: Tensor, *layers: nn.Linear) -> tuple[Tensor, ...]:
         """``layer(x)`` for each of ``layers`` (same input); on a head prepared for drafting,

@@ -126,8 +126,8 @@ def train(model: str = "smollm2-135m", recipe: str | Recipe = "default", out: st
     replies = sum(s.tokens.numel() - s.prompt_len for s in samples)
     tokens = sum(s.tokens.numel() for s in samples)
     vocab = draft_vocabulary(samples, r.coverage, r.min_vocab)
-    data = {"prompt_digest": state["data"]["prompt_digest"], "prompts": len(prompts), "tokens": tokens,
-            "reply_tokens": replies, "heldout_texts_checked": len(heldout)}
+    data = {"prompt_digest": state["data"]["prompt_digest"], "prompts": len(prompts),
+            "tokens": tokens, "reply_tokens": replies, "heldout_texts_checked": len(heldout)}
     config = HeadConfig.for_target(model, target.cfg, len(vocab), r.name, data)
     head = _initial_head(config, target, vocab)
     log(f"data: {len(samples)} sequences, {tokens} tokens ({replies} generated); draft "
@@ -154,7 +154,7 @@ def _work_state(r: Recipe, prompts_digest: str) -> dict:
 
 
 def _generate(model: str, r: Recipe, prompts, work: Path, progress: bool) -> tuple[Transformer, list[Sample]]:
-    """Stages 2 and 3: the target's replies and features, one file per prompt in
+    """Stage 2: the target's replies and features, one file per prompt in
     ``work/samples`` (prompts already there are not run again)."""
     from tqdm import tqdm
 
