@@ -109,6 +109,7 @@ def ranks_along(top: torch.Tensor, tokens: torch.Tensor, prompt_len: int) -> tor
 
 
 def best_of(fn, repeats: int) -> float:
+    """The shortest of ``repeats`` timed calls of ``fn``, in seconds."""
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
