@@ -65,11 +65,11 @@ class LayerShape:
     eps: float
 
 
-_GCC_FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
+_GCC_FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-pthread", "-shared", "-fPIC")
 _PACKED_KINDS = {"q4_1": 0, "q8_0": 1}
 CACHE_DTYPE = torch.float16
 """What the kernels store keys and values as: half the bytes attention streams per step."""
-_SOURCES = ("cpu_ops.c", "int8_ops.c")
+_SOURCES = ("cpu_ops.c", "int8_ops.c", "team.c")
 """The C files under ``engine/csrc/`` built into the one library."""
 
 

@@ -1,6 +1,5 @@
 #include <immintrin.h>
 #include <math.h>
-#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +15,18 @@ static inline __m256 load_bf16x8(const uint16_t *p) {
 static inline __m128 hsum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
     const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
     return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+/* the worker team (team.c) */
+typedef void (*team_job)(void *ctx, int t, int T);
+typedef struct { _Atomic int arrived; _Atomic int phase; } TeamBarrier;
+void team_run(team_job job, void *ctx, int threads);
+void team_barrier(TeamBarrier *b, int T);
+
+/* units * t / T .. units * (t + 1) / T: thread t's even share of `units`. */
+static inline void share(int64_t units, int t, int T, int64_t *a, int64_t *b) {
+    *a = units * t / T;
+    *b = units * (t + 1) / T;
 }
 
 static inline float hsum(__m256 v) {
@@ -111,27 +122,52 @@ static inline int64_t rows_per_pass(int64_t M, int64_t K) {
    time (they stay in L1, the tile in L2), two weight rows per pass.
    Every output is summed in the same order whatever M is, so a row's result never depends on
    the rows batched with it. */
-void bf16_linear(const float *x, const uint16_t *w, float *y, const float *residual,
-                 int64_t M, int64_t N, int64_t K, int threads) {
-    if (M <= DIRECT_ROWS || (M <= 12 && 4 * M * K <= 24576)) {
-#pragma omp parallel for num_threads(threads) schedule(static)
-        for (int64_t n = 0; n < N; n++)
-            DOTS[M](w + n * K, x, K, y + n, N);
-    } else {
-        const int64_t tiles = (N + TILE_ROWS - 1) / TILE_ROWS, R = rows_per_pass(M, K);
-#pragma omp parallel for num_threads(threads) schedule(static)
-        for (int64_t t = 0; t < tiles; t++) {
-            const int64_t n0 = t * TILE_ROWS, nt = N - n0 < TILE_ROWS ? N - n0 : TILE_ROWS;
-            for (int64_t m0 = 0; m0 < M; m0 += R) {
-                const int64_t rows = M - m0 < R ? M - m0 : R;
-                int64_t r = 0;
-                for (; r + 2 <= nt; r += 2)
-                    BF16_DOT2[rows](w + (n0 + r) * K, x + m0 * K, K, y + m0 * N + n0 + r, N);
-                if (r < nt)
-                    DOTS[rows](w + (n0 + r) * K, x + m0 * K, K, y + m0 * N + n0 + r, N);
-            }
+/* One matmul handed to the team: y[M, N] = x[M, K] . w^T; packed weights: block kind, rnd. */
+typedef struct {
+    const float *x;
+    const void *w;
+    float *y;
+    int64_t M, N, K;
+    int kind, rnd;
+} LinearJob;
+
+static void bf16_direct_job(void *ctx, int t, int T) {
+    const LinearJob *j = (const LinearJob *)ctx;
+    const uint16_t *w = (const uint16_t *)j->w;
+    int64_t a, b;
+    share(j->N, t, T, &a, &b);
+    for (int64_t n = a; n < b; n++)
+        DOTS[j->M](w + n * j->K, j->x, j->K, j->y + n, j->N);
+}
+
+static void bf16_tiled_job(void *ctx, int t, int T) {
+    const LinearJob *j = (const LinearJob *)ctx;
+    const uint16_t *w = (const uint16_t *)j->w;
+    const float *x = j->x;
+    float *y = j->y;
+    const int64_t M = j->M, N = j->N, K = j->K, R = rows_per_pass(M, K);
+    int64_t a, b;
+    share((N + TILE_ROWS - 1) / TILE_ROWS, t, T, &a, &b);
+    for (int64_t tile = a; tile < b; tile++) {
+        const int64_t n0 = tile * TILE_ROWS, nt = N - n0 < TILE_ROWS ? N - n0 : TILE_ROWS;
+        for (int64_t m0 = 0; m0 < M; m0 += R) {
+            const int64_t rows = M - m0 < R ? M - m0 : R;
+            int64_t r = 0;
+            for (; r + 2 <= nt; r += 2)
+                BF16_DOT2[rows](w + (n0 + r) * K, x + m0 * K, K, y + m0 * N + n0 + r, N);
+            if (r < nt)
+                DOTS[rows](w + (n0 + r) * K, x + m0 * K, K, y + m0 * N + n0 + r, N);
         }
     }
+}
+
+void bf16_linear(const float *x, const uint16_t *w, float *y, const float *residual,
+                 int64_t M, int64_t N, int64_t K, int threads) {
+    LinearJob job = {x, w, y, M, N, K, 0, 0};
+    if (M <= DIRECT_ROWS || (M <= 12 && 4 * M * K <= 24576))
+        team_run(bf16_direct_job, &job, threads);
+    else
+        team_run(bf16_tiled_job, &job, threads);
     if (residual)
         for (int64_t i = 0; i < M * N; i++) y[i] += residual[i];
 }
@@ -216,47 +252,60 @@ static const wide_fn WIDE_DOT2[7] = {0, wide_dot2_1, wide_dot2_2, wide_dot2_3, w
    in registers for the rows at hand. More rows: each thread widens a tile of TILE_ROWS weight
    rows into a buffer once and passes the activation rows over it as bf16_linear does (an odd
    last weight row goes with a zero row: its own outputs are unaffected). */
-void packed_linear(const float *x, const uint8_t *w, int kind, int rnd, float *y,
-                   const float *residual, int64_t M, int64_t N, int64_t K, int threads) {
+static void packed_direct_job(void *ctx, int t, int T) {
+    const LinearJob *j = (const LinearJob *)ctx;
+    const uint8_t *w = (const uint8_t *)j->w;
+    const int64_t row_bytes = j->K / 32 * (j->kind == 0 ? 20 : 34);
+    int64_t a, b;
+    share(j->N, t, T, &a, &b);
+    for (int64_t n = a; n < b; n++)
+        PACKED_DOTS[j->kind][j->M](w + n * row_bytes, j->rnd, j->x, j->K, j->y + n, j->N);
+}
+
+static void packed_tiled_job(void *ctx, int t, int T) {
+    const LinearJob *j = (const LinearJob *)ctx;
+    const uint8_t *w = (const uint8_t *)j->w;
+    const float *x = j->x;
+    float *y = j->y;
+    const int kind = j->kind, rnd = j->rnd;
+    const int64_t M = j->M, N = j->N, K = j->K, R = rows_per_pass(M, K);
     const int64_t block_bytes = kind == 0 ? 20 : 34, row_bytes = K / 32 * block_bytes;
-    if (M <= DIRECT_ROWS) {
-#pragma omp parallel for num_threads(threads) schedule(static)
-        for (int64_t n = 0; n < N; n++)
-            PACKED_DOTS[kind][M](w + n * row_bytes, rnd, x, K, y + n, N);
-    } else {
-        const int64_t tiles = (N + TILE_ROWS - 1) / TILE_ROWS, R = rows_per_pass(M, K);
-#pragma omp parallel num_threads(threads)
-        {
-            float *buf = (float *)aligned_alloc(64, (size_t)((TILE_ROWS + 1) * K) * sizeof(float));
-#pragma omp for schedule(static)
-            for (int64_t t = 0; t < tiles; t++) {
-                const int64_t n0 = t * TILE_ROWS, nt = N - n0 < TILE_ROWS ? N - n0 : TILE_ROWS;
-                for (int64_t r = 0; r < nt; r++) {
-                    const uint8_t *b = w + (n0 + r) * row_bytes;
-                    for (int64_t k = 0; k < K; k += 32, b += block_bytes) {
-                        __m256 v[4];
-                        if (kind == 0) q4_1_block(b, rnd, v); else q8_0_block(b, rnd, v);
-                        for (int j = 0; j < 4; j++) _mm256_store_ps(buf + r * K + k + 8 * j, v[j]);
-                    }
-                }
-                for (int64_t m0 = 0; m0 < M; m0 += R) {
-                    const int64_t rows = M - m0 < R ? M - m0 : R;
-                    for (int64_t r = 0; r < nt; r += 2) {
-                        if (r + 1 < nt) {
-                            WIDE_DOT2[rows](buf + r * K, x + m0 * K, K, y + m0 * N + n0 + r, N);
-                        } else {  /* an odd last row goes with a zero row; its outputs only */
-                            float out[6 * 2];
-                            memset(buf + (r + 1) * K, 0, (size_t)K * sizeof(float));
-                            WIDE_DOT2[rows](buf + r * K, x + m0 * K, K, out, 2);
-                            for (int64_t i = 0; i < rows; i++)
-                                y[(m0 + i) * N + n0 + r] = out[2 * i];
-                        }
-                    }
+    int64_t a, b;
+    share((N + TILE_ROWS - 1) / TILE_ROWS, t, T, &a, &b);
+    if (a >= b) return;
+    float *buf = (float *)aligned_alloc(64, (size_t)((TILE_ROWS + 1) * K) * sizeof(float));
+    for (int64_t tile = a; tile < b; tile++) {
+        const int64_t n0 = tile * TILE_ROWS, nt = N - n0 < TILE_ROWS ? N - n0 : TILE_ROWS;
+        for (int64_t r = 0; r < nt; r++) {
+            const uint8_t *blk = w + (n0 + r) * row_bytes;
+            for (int64_t k = 0; k < K; k += 32, blk += block_bytes) {
+                __m256 v[4];
+                if (kind == 0) q4_1_block(blk, rnd, v); else q8_0_block(blk, rnd, v);
+                for (int i = 0; i < 4; i++) _mm256_store_ps(buf + r * K + k + 8 * i, v[i]);
+            }
+        }
+        for (int64_t m0 = 0; m0 < M; m0 += R) {
+            const int64_t rows = M - m0 < R ? M - m0 : R;
+            for (int64_t r = 0; r < nt; r += 2) {
+                if (r + 1 < nt) {
+                    WIDE_DOT2[rows](buf + r * K, x + m0 * K, K, y + m0 * N + n0 + r, N);
+                } else {  /* an odd last row goes with a zero row; its outputs only */
+                    float out[6 * 2];
+                    memset(buf + (r + 1) * K, 0, (size_t)K * sizeof(float));
+                    WIDE_DOT2[rows](buf + r * K, x + m0 * K, K, out, 2);
+                    for (int64_t i = 0; i < rows; i++)
+                        y[(m0 + i) * N + n0 + r] = out[2 * i];
                 }
             }
-            free(buf);
         }
     }
+    free(buf);
+}
+
+void packed_linear(const float *x, const uint8_t *w, int kind, int rnd, float *y,
+                   const float *residual, int64_t M, int64_t N, int64_t K, int threads) {
+    LinearJob job = {x, w, y, M, N, K, kind, rnd};
+    team_run(M <= DIRECT_ROWS ? packed_direct_job : packed_tiled_job, &job, threads);
     if (residual)
         for (int64_t i = 0; i < M * N; i++) y[i] += residual[i];
 }
@@ -573,6 +622,28 @@ static void attend_paged_task(const float *q, int64_t q_stride, const kv_t *k_po
     free(s);
 }
 
+/* attend_paged's tasks handed to the team: each thread takes the next task left. */
+typedef struct {
+    const float *q;
+    int64_t q_stride;
+    const kv_t *k_pool, *v_pool;
+    float *out;
+    const Seq *seqs;
+    const AttendTask *tasks;
+    int64_t count, H, KV, D, BS;
+    float scale;
+    _Atomic int64_t next;
+} AttendJob;
+
+static void attend_job(void *ctx, int t, int T) {
+    (void)t; (void)T;
+    AttendJob *j = (AttendJob *)ctx;
+    for (int64_t i = j->next++; i < j->count; i = j->next++)
+        attend_paged_task(j->q, j->q_stride, j->k_pool, j->v_pool, j->out,
+                          j->seqs + j->tasks[i].seq, j->tasks + i, j->H, j->KV, j->D, j->BS,
+                          j->scale);
+}
+
 /* Causal attention of every sequence's rows over its own paged keys and values (row r of a
    sequence sees its positions 0 .. start + r; q row i, head h at q[i * q_stride + h * D]);
    out [rows, H * D]; query heads h = kv * G .. kv * G + G - 1 (G = H / KV) read kv head kv;
@@ -620,10 +691,9 @@ void attend_paged(const float *q, int64_t q_stride, const kv_t *k_pool, const kv
                     }
         }
         if (!pass) { count = i; continue; }
-#pragma omp parallel for num_threads(threads) schedule(dynamic) if (work >= (1 << 17))
-        for (int64_t t = 0; t < count; t++)
-            attend_paged_task(q, q_stride, k_pool, v_pool, out, seqs + tasks[t].seq, tasks + t,
-                              H, KV, D, BS, scale);
+        AttendJob job = {q, q_stride, k_pool, v_pool, out, seqs, tasks, count, H, KV, D, BS,
+                         scale, 0};
+        team_run(attend_job, &job, work >= (1 << 17) ? threads : 1);
         free(tasks);
     }
 }
@@ -641,12 +711,6 @@ void attend_paged(const float *q, int64_t q_stride, const kv_t *k_pool, const kv
 void q8_blocks_rows(const int8_t *q, const float *d, const float *sx, const uint8_t *w, int kind,
                     float *y, const float *residual, int64_t N, int64_t K, int64_t n0, int64_t n1);
 void quantize_q8_rows(const float *x, int64_t M, int64_t K, int8_t *q, float *d, float *sx);
-
-/* units * t / T .. units * (t + 1) / T: thread t's even share of `units`. */
-static inline void share(int64_t units, int t, int T, int64_t *a, int64_t *b) {
-    *a = units * t / T;
-    *b = units * (t + 1) / T;
-}
 
 /* Outputs n0 .. n1 - 1 of x [1, K] . W^T (+ residual) on this thread, as matrix_apply computes
    them for one row (n0, n1: multiples of 8, or N); q, d: x quantised (int8 matrices only). */
@@ -675,70 +739,88 @@ static inline void quantize_for(const Matrix *m, const float *x, int64_t K, int8
         quantize_q8_rows(x, 1, K, q, d, d + K / 32);
 }
 
+/* decode_one_row's step handed to the team: the row, the weights and the shared buffers. */
+typedef struct {
+    float *x, *qkv, *att, *mid, *gu, *act;
+    const Seq *sq;
+    const Layer *layers;
+    int64_t L, E, I, H, KV, D, BS;
+    const float *rope;
+    float eps, scale;
+    int packed_max;
+    TeamBarrier barrier;
+} RowJob;
+
+static void decode_one_row_job(void *ctx, int t, int T) {
+    RowJob *j = (RowJob *)ctx;
+    const int64_t E = j->E, I = j->I, H = j->H, KV = j->KV, D = j->D, BS = j->BS;
+    const int64_t Q = (H + 2 * KV) * D, groups = H / KV, pos = j->sq->start;
+    const int64_t widest = E > I ? (E > H * D ? E : H * D) : (I > H * D ? I : H * D);
+    float *x = j->x, *qkv = j->qkv, *att = j->att, *mid = j->mid, *gu = j->gu, *act = j->act;
+    const int packed_max = j->packed_max;
+    float *h = (float *)malloc((size_t)E * sizeof(float));
+    int8_t *q = (int8_t *)malloc((size_t)widest);
+    float *d = (float *)malloc((size_t)(2 * (widest / 32)) * sizeof(float));
+    int64_t a, b;
+    for (int64_t l = 0; l < j->L; l++) {
+        const Layer *w = j->layers + l;
+        const int64_t block = j->sq->blocks[pos / BS], off = pos % BS;
+        /* qkv by whole heads, each rotated and its k / v stored by the thread that made it */
+        rms_norm(x, w->attn_norm, h, 1, E, j->eps);
+        quantize_for(&w->qkv, h, E, q, d);
+        share(H + 2 * KV, t, T, &a, &b);
+        matrix_rows(&w->qkv, h, q, d, qkv, NULL, Q, E, packed_max, a * D, b * D);
+        for (int64_t head = a; head < b; head++) {
+            float *v = qkv + head * D;
+            if (w->bqkv)
+                for (int64_t i = 0; i < D; i++) v[i] += w->bqkv[head * D + i];
+            if (head < H + KV)
+                rope_head(v, j->rope + pos * D, D);
+            if (head >= H && head < H + KV)
+                store_kv_row(w->k_cache + ((block * KV + head - H) * BS + off) * D, v, D);
+            else if (head >= H + KV)
+                store_kv_row(w->v_cache + ((block * KV + head - H - KV) * BS + off) * D, v, D);
+        }
+        team_barrier(&j->barrier, T);
+        share(H, t, T, &a, &b);
+        for (int64_t head = a; head < b; head++) {
+            const AttendTask task = {0, head / groups, 0, 1, head % groups, 1};
+            attend_paged_task(qkv, Q, w->k_cache, w->v_cache, att, j->sq, &task, H, KV, D, BS,
+                              j->scale);
+        }
+        team_barrier(&j->barrier, T);
+        quantize_for(&w->o, att, H * D, q, d);
+        share(E / 8, t, T, &a, &b);
+        matrix_rows(&w->o, att, q, d, mid, x, E, H * D, packed_max, a * 8, b * 8);
+        team_barrier(&j->barrier, T);
+        /* gate and up rows of the same slice, then its SiLU gate */
+        rms_norm(mid, w->mlp_norm, h, 1, E, j->eps);
+        quantize_for(&w->gate_up, h, E, q, d);
+        share(I / 8, t, T, &a, &b);
+        matrix_rows(&w->gate_up, h, q, d, gu, NULL, 2 * I, E, packed_max, a * 8, b * 8);
+        matrix_rows(&w->gate_up, h, q, d, gu, NULL, 2 * I, E, packed_max, I + a * 8, I + b * 8);
+        silu_mul_range(gu, act, I, a * 8, b * 8);
+        team_barrier(&j->barrier, T);
+        quantize_for(&w->down, act, I, q, d);
+        share(E / 8, t, T, &a, &b);
+        matrix_rows(&w->down, act, q, d, x, mid, E, I, packed_max, a * 8, b * 8);
+        team_barrier(&j->barrier, T);
+    }
+    free(d); free(q); free(h);
+}
+
 static void decode_one_row(float *x, const Seq *sq, const Layer *layers, int64_t L, int64_t E,
                            int64_t I, int64_t H, int64_t KV, int64_t D, int64_t BS,
                            const float *rope, float eps, float scale, int packed_max, int threads) {
-    const int64_t Q = (H + 2 * KV) * D, groups = H / KV, pos = sq->start;
-    const int64_t widest = E > I ? (E > H * D ? E : H * D) : (I > H * D ? I : H * D);
-    float *qkv = (float *)malloc((size_t)Q * sizeof(float));
-    float *att = (float *)malloc((size_t)(H * D) * sizeof(float));
-    float *mid = (float *)malloc((size_t)E * sizeof(float));
-    float *gu = (float *)malloc((size_t)(2 * I) * sizeof(float));
-    float *act = (float *)malloc((size_t)I * sizeof(float));
-#pragma omp parallel num_threads(threads)
-    {
-        const int t = omp_get_thread_num(), T = omp_get_num_threads();
-        float *h = (float *)malloc((size_t)E * sizeof(float));
-        int8_t *q = (int8_t *)malloc((size_t)widest);
-        float *d = (float *)malloc((size_t)(2 * (widest / 32)) * sizeof(float));
-        int64_t a, b;
-        for (int64_t l = 0; l < L; l++) {
-            const Layer *w = layers + l;
-            const int64_t block = sq->blocks[pos / BS], off = pos % BS;
-            /* qkv by whole heads, each rotated and its k / v stored by the thread that made it */
-            rms_norm(x, w->attn_norm, h, 1, E, eps);
-            quantize_for(&w->qkv, h, E, q, d);
-            share(H + 2 * KV, t, T, &a, &b);
-            matrix_rows(&w->qkv, h, q, d, qkv, NULL, Q, E, packed_max, a * D, b * D);
-            for (int64_t head = a; head < b; head++) {
-                float *v = qkv + head * D;
-                if (w->bqkv)
-                    for (int64_t i = 0; i < D; i++) v[i] += w->bqkv[head * D + i];
-                if (head < H + KV)
-                    rope_head(v, rope + pos * D, D);
-                if (head >= H && head < H + KV)
-                    store_kv_row(w->k_cache + ((block * KV + head - H) * BS + off) * D, v, D);
-                else if (head >= H + KV)
-                    store_kv_row(w->v_cache + ((block * KV + head - H - KV) * BS + off) * D, v, D);
-            }
-#pragma omp barrier
-            share(H, t, T, &a, &b);
-            for (int64_t head = a; head < b; head++) {
-                const AttendTask task = {0, head / groups, 0, 1, head % groups, 1};
-                attend_paged_task(qkv, Q, w->k_cache, w->v_cache, att, sq, &task, H, KV, D, BS,
-                                  scale);
-            }
-#pragma omp barrier
-            quantize_for(&w->o, att, H * D, q, d);
-            share(E / 8, t, T, &a, &b);
-            matrix_rows(&w->o, att, q, d, mid, x, E, H * D, packed_max, a * 8, b * 8);
-#pragma omp barrier
-            /* gate and up rows of the same slice, then its SiLU gate */
-            rms_norm(mid, w->mlp_norm, h, 1, E, eps);
-            quantize_for(&w->gate_up, h, E, q, d);
-            share(I / 8, t, T, &a, &b);
-            matrix_rows(&w->gate_up, h, q, d, gu, NULL, 2 * I, E, packed_max, a * 8, b * 8);
-            matrix_rows(&w->gate_up, h, q, d, gu, NULL, 2 * I, E, packed_max, I + a * 8, I + b * 8);
-            silu_mul_range(gu, act, I, a * 8, b * 8);
-#pragma omp barrier
-            quantize_for(&w->down, act, I, q, d);
-            share(E / 8, t, T, &a, &b);
-            matrix_rows(&w->down, act, q, d, x, mid, E, I, packed_max, a * 8, b * 8);
-#pragma omp barrier
-        }
-        free(d); free(q); free(h);
-    }
-    free(act); free(gu); free(mid); free(att); free(qkv);
+    const int64_t Q = (H + 2 * KV) * D;
+    RowJob job = {x, (float *)malloc((size_t)Q * sizeof(float)),
+                  (float *)malloc((size_t)(H * D) * sizeof(float)),
+                  (float *)malloc((size_t)E * sizeof(float)),
+                  (float *)malloc((size_t)(2 * I) * sizeof(float)),
+                  (float *)malloc((size_t)I * sizeof(float)),
+                  sq, layers, L, E, I, H, KV, D, BS, rope, eps, scale, packed_max, {0, 0}};
+    team_run(decode_one_row_job, &job, threads);
+    free(job.act); free(job.gu); free(job.mid); free(job.att); free(job.qkv);
 }
 
 /* Rows x [n, E] (in place) of S sequences, each with its own positions and block table, through

@@ -18,6 +18,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* the worker team (team.c) */
+typedef void (*team_job)(void *ctx, int t, int T);
+void team_run(team_job job, void *ctx, int threads);
+
 /* x [M, K] (K % 32 == 0) -> codes q [M, K], scales d [M, K / 32], sx [M, K / 32]. */
 void quantize_q8_rows(const float *x, int64_t M, int64_t K, int8_t *q, float *d, float *sx) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
@@ -124,25 +128,30 @@ static const group_fn GROUPS[2][5] = {
     {0, q8_0_group1, q8_0_group2, q8_0_group3, q8_0_group4},
 };
 
-/* y[M, N] = quantised x . W^T (+ residual) for activations already quantised by
-   quantize_q8_rows and W [N, K] interleaved by groups of 8 rows (kind 0: Q4_1, 1: Q8_0; the
-   last group padded). Each thread streams whole groups in order; activation rows go 4 at a
-   time over a group (its blocks stay in L1 for the next 4). Per output, over blocks b in
-   order: acc = acc + (dw_b * d_b) * float(sum_b) [then + mw_b * sx_b for Q4_1], from 0. */
-void q8_blocks_linear(const int8_t *q, const float *d, const float *sx, const uint8_t *w,
-                      int kind, float *y, const float *residual, int64_t M, int64_t N, int64_t K,
-                      int threads) {
-    const int64_t nb = K / 32, group_bytes = nb * (kind == 0 ? 160 : 272);
-    const int64_t groups = (N + 7) / 8;
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t G = 0; G < groups; G++) {
+/* q8_blocks_linear handed to the team: thread t takes its even share of the groups. */
+typedef struct {
+    const int8_t *q;
+    const float *d, *sx;
+    const uint8_t *w;
+    int kind;
+    float *y;
+    int64_t M, N, K;
+} Q8Job;
+
+static void q8_blocks_job(void *ctx, int t, int T) {
+    const Q8Job *j = (const Q8Job *)ctx;
+    const int64_t M = j->M, N = j->N, K = j->K, nb = K / 32;
+    const int64_t group_bytes = nb * (j->kind == 0 ? 160 : 272), groups = (N + 7) / 8;
+    const int64_t g0 = groups * t / T, g1 = groups * (t + 1) / T;
+    for (int64_t G = g0; G < g1; G++) {
         const int64_t n0 = G * 8, valid = N - n0 < 8 ? N - n0 : 8;
         for (int64_t m0 = 0; m0 < M; m0 += 4) {
             const int R = M - m0 < 4 ? (int)(M - m0) : 4;
             __m256 acc[4];
-            GROUPS[kind][R](w + G * group_bytes, nb, q + m0 * K, d + m0 * nb, sx + m0 * nb, K, acc);
+            GROUPS[j->kind][R](j->w + G * group_bytes, nb, j->q + m0 * K, j->d + m0 * nb,
+                               j->sx + m0 * nb, K, acc);
             for (int i = 0; i < R; i++) {
-                float *out = y + (m0 + i) * N + n0;
+                float *out = j->y + (m0 + i) * N + n0;
                 if (valid == 8) {
                     _mm256_storeu_ps(out, acc[i]);
                 } else {
@@ -153,6 +162,18 @@ void q8_blocks_linear(const int8_t *q, const float *d, const float *sx, const ui
             }
         }
     }
+}
+
+/* y[M, N] = quantised x . W^T (+ residual) for activations already quantised by
+   quantize_q8_rows and W [N, K] interleaved by groups of 8 rows (kind 0: Q4_1, 1: Q8_0; the
+   last group padded). Each thread streams whole groups in order; activation rows go 4 at a
+   time over a group (its blocks stay in L1 for the next 4). Per output, over blocks b in
+   order: acc = acc + (dw_b * d_b) * float(sum_b) [then + mw_b * sx_b for Q4_1], from 0. */
+void q8_blocks_linear(const int8_t *q, const float *d, const float *sx, const uint8_t *w,
+                      int kind, float *y, const float *residual, int64_t M, int64_t N, int64_t K,
+                      int threads) {
+    Q8Job job = {q, d, sx, w, kind, y, M, N, K};
+    team_run(q8_blocks_job, &job, threads);
     if (residual)
         for (int64_t i = 0; i < M * N; i++) y[i] += residual[i];
 }

@@ -143,3 +143,72 @@ def test_a_one_row_step_of_the_pulled_model_gives_the_bits_of_the_batched_step(o
             assert torch.equal(alone, batched), f"{precision}, {threads} threads"
     finally:
         torch.set_num_threads(before)
+
+
+def _step_logits(model, pool, table, prompt) -> torch.Tensor:
+    """Logits of a prompt's prefill then one decode row (the batched path, then the one-row
+    path of the kernels' worker team)."""
+    with torch.inference_mode():
+        model(prompt, [SeqRows(0, len(prompt), table)], pool)
+        return model(torch.tensor([7]), [SeqRows(len(prompt), 1, table)], pool)[0]
+
+
+def test_the_worker_team_serves_calls_from_several_threads_at_once(ops):
+    """The kernels' worker team runs one job at a time: forwards called from four Python
+    threads together (ctypes lets them overlap) give the bits each gives alone."""
+    import threading
+
+    model = qwen_like()
+    prompts = [torch.arange(i, i + 20 + 3 * i) % model.vocab_size for i in range(4)]
+    pools = [model.new_pool(4, 16) for _ in prompts]
+    table = torch.arange(4, dtype=torch.int32)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        alone = [_step_logits(model, pool, table, p) for pool, p in zip(pools, prompts)]
+        together: list[list[torch.Tensor]] = [[] for _ in prompts]
+
+        def work(i: int) -> None:
+            torch.set_num_threads(2)
+            for _ in range(5):
+                together[i].append(_step_logits(model, pools[i], table, prompts[i]))
+
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(len(prompts))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        assert not any(t.is_alive() for t in threads), "a forward never returned"
+        for i, runs in enumerate(together):
+            assert len(runs) == 5 and all(torch.equal(r, alone[i]) for r in runs)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _child_step(queue) -> None:
+    torch.set_num_threads(2)
+    model = qwen_like()
+    queue.put(_step_logits(model, model.new_pool(4, 16), torch.arange(4, dtype=torch.int32),
+                           torch.arange(30) % model.vocab_size).tolist())
+
+
+def test_the_kernels_work_in_a_child_forked_after_they_ran(ops):
+    """A forked child has none of its parent's worker threads: its first parallel kernel must
+    start its own instead of waiting for threads that do not exist."""
+    import multiprocessing
+
+    torch.set_num_threads(2)
+    model = qwen_like()
+    here = _step_logits(model, model.new_pool(4, 16), torch.arange(4, dtype=torch.int32),
+                        torch.arange(30) % model.vocab_size)
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_child_step, args=(queue,))
+    child.start()
+    try:
+        there = queue.get(timeout=120)
+    finally:
+        child.join(timeout=10)
+        if child.is_alive():
+            child.kill()
+    assert torch.equal(torch.tensor(there, dtype=here.dtype), here)
