@@ -595,8 +595,8 @@ class Transformer(nn.Module):
                 if i in capture:
                     features.append(x.clone())
                 x = layer(x, seqs, k, v, self.rope, self.matmul)
-        if logit_rows is not None:
-            x = x[logit_rows]
+        if logit_rows is not None:  # not x[logit_rows]: torch runs that indexing on its own
+            x = x.index_select(0, logit_rows)  # OpenMP threads, which then spin beside the kernels
         if capture:
             return self.head(x), torch.cat(features, dim=-1)
         return self.head(x)
