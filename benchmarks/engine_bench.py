@@ -20,7 +20,8 @@ pass, between passes and after the last (``A, pass 1, A, pass 2, ..., A``), each
 process. Its decode speed in those runs is its standalone speed at that moment of this invocation;
 when the fastest and slowest differ by more than ``--anchor-tolerance`` (of the fastest), the
 machine's load moved during the run and no ratio against llama.cpp is printed (the table shows
-"-" and a note says why; `AnchorCheck`).
+"-" and a note says why; `AnchorCheck`); bounds are printed instead, each system's slowest run
+over the fastest anchor run and its fastest over the slowest, which hold whatever the drift.
 
 ``--engine`` picks the default systems (``--systems`` overrides them):
 
@@ -585,6 +586,18 @@ class AnchorCheck:
         return (f"llama.cpp anchor runs {speeds} decode tok/s, spread {self.spread:.1%} "
                 f"(tolerance {self.tolerance:.0%}): {verdict}")
 
+    def bounds(self, runs: list[Run]) -> dict[str, tuple[float, float]]:
+        """Per system, its decode speed against llama.cpp's whatever the drift: ``(slowest run
+        / fastest anchor run, fastest run / slowest anchor run)``. Every run of the system was
+        at least the low bound times every anchor run, however the load moved."""
+        top, bottom = max(self.speeds), min(self.speeds)
+        by_system: dict[str, list[float]] = {}
+        for run in runs:
+            if run.system != ANCHOR:
+                by_system.setdefault(run.system, []).append(run.decode_tok_s)
+        return {system: (min(v) / top, max(v) / bottom) for system, v in by_system.items()
+                if top > 0 and bottom > 0}
+
     @classmethod
     def of(cls, runs: list[Run], tolerance: float) -> "AnchorCheck | None":
         """The check over the anchor's runs (None when the anchor did not run)."""
@@ -835,7 +848,13 @@ def against_anchor(per: dict, meta: dict) -> list[str]:
     if ANCHOR not in per or len(per) < 2:
         return []
     if not meta.get("anchor_ok"):
-        return [f"No ratio against llama.cpp: {meta.get('anchor')}.", ""]
+        lines = [f"No ratio against llama.cpp: {meta.get('anchor')}."]
+        if meta.get("anchor_bounds"):
+            lines.append("Bounds instead, each run against each llama.cpp run (slowest run / "
+                         "fastest anchor .. fastest / slowest anchor): " + "; ".join(
+                             f"`{system}` {low:.2f}x-{high:.2f}x"
+                             for system, (low, high) in meta["anchor_bounds"].items()) + ".")
+        return [*lines, ""]
     parts = [f"`{system}` decode {e['speedup_vs_llamacpp']:.2f}x, prefill "
              f"{e['prefill_speedup_vs_llamacpp']:.2f}x faster"
              for system, e in per.items() if system != ANCHOR and "speedup_vs_llamacpp" in e]
@@ -990,7 +1009,8 @@ def main(argv: list[str] | None = None) -> int:
             "runs": [{"system": r.system, "pid": r.pid, "load_s": r.load_s,
                       "decode_tok_s": r.decode_tok_s} for r in runs],
             "anchor": anchor.describe() if anchor else None,
-            "anchor_ok": anchor.ok if anchor else None}
+            "anchor_ok": anchor.ok if anchor else None,
+            "anchor_bounds": anchor.bounds(runs) if anchor else None}
     if any(s in VLLM_SYSTEMS for s in plan.systems):
         import vllm
 
