@@ -8,8 +8,9 @@
    costs a futex wake-up, about 4 ms per forward of a 135M model on two cores.
 
    One job runs at a time (callers from other threads wait); jobs must not start jobs. Thread 0
-   of every job is the caller. A job's threads t = 0 .. T - 1 split its work by t alone, so the
+   of every job is the caller; a job gets at most as many threads as the process has CPUs. A job's threads t = 0 .. T - 1 split its work by t alone, so the
    results never depend on which thread ran what. */
+#define _GNU_SOURCE
 #include <immintrin.h>
 #include <pthread.h>
 #include <sched.h>
@@ -37,6 +38,7 @@ static struct {
     team_job job;
     void *ctx;
     int threads;
+    int cores;                      /* CPUs this process may run on: the most threads a job gets */
     long spin_ns;
 } team = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER};
 
@@ -95,15 +97,20 @@ static void after_fork_in_child(void) {
     team.workers = 0;
 }
 
+/* Once per process: the settings, and the fork handler. */
+static void setup(void) {
+    static int done = 0;
+    if (done) return;
+    const char *env = getenv("AGENTRT_SPIN_US");
+    team.spin_ns = (env ? atol(env) : 1000) * 1000L;
+    cpu_set_t allowed;
+    team.cores = sched_getaffinity(0, sizeof(allowed), &allowed) == 0 ? CPU_COUNT(&allowed) : 1;
+    pthread_atfork(NULL, NULL, after_fork_in_child);
+    done = 1;
+}
+
 /* Start workers until the team has threads - 1 of them (the caller is thread 0). */
 static void grow(int threads) {
-    static int registered = 0;
-    if (!registered) {
-        const char *env = getenv("AGENTRT_SPIN_US");
-        team.spin_ns = (env ? atol(env) : 1000) * 1000L;
-        pthread_atfork(NULL, NULL, after_fork_in_child);
-        registered = 1;
-    }
     while (team.workers < threads - 1 && team.workers < TEAM_MAX - 1) {
         pthread_t thread;
         pthread_attr_t attr;
@@ -119,14 +126,17 @@ static void grow(int threads) {
     }
 }
 
-/* job(ctx, t, T) on T = min(threads, team size) threads, t = 0 on the caller; returns when
-   every thread has finished. */
+/* job(ctx, t, T) on T = min(threads, the CPUs this process may use, team size) threads, t = 0
+   on the caller (spinning threads beyond the cores would only wait for each other); returns
+   when every thread has finished. */
 void team_run(team_job job, void *ctx, int threads) {
     if (threads <= 1) {
         job(ctx, 0, 1);
         return;
     }
     pthread_mutex_lock(&team.run_lock);
+    setup();
+    if (threads > team.cores) threads = team.cores > 1 ? team.cores : 1;
     grow(threads);
     const int T = threads < team.workers + 1 ? threads : team.workers + 1;
     team.job = job;
