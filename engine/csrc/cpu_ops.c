@@ -17,7 +17,7 @@ static inline __m128 hsum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
     return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
 
-/* the worker team (team.c) */
+/* the worker team (team.c; these declarations must match it) */
 typedef void (*team_job)(void *ctx, int t, int T);
 typedef struct { _Atomic int arrived; _Atomic int phase; } TeamBarrier;
 void team_run(team_job job, void *ctx, int threads);

@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* the worker team (team.c) */
+/* the worker team (team.c; these declarations must match it) */
 typedef void (*team_job)(void *ctx, int t, int T);
 void team_run(team_job job, void *ctx, int threads);
 
