@@ -19,6 +19,10 @@ measures, side by side, in one process:
 The estimated speedup of a shape over plain decoding is
 ``(1 + mean accepted) * verify(1) / (verify(nodes + 1) + sum of head steps)``; the engine's
 own overhead per step is left out (the engine benchmark measures the real chain). Greedy only.
+
+It also prints what no drafter can beat on this machine (`perfect_chains`): the same estimate
+for chains of k whose every token is accepted, with a head step per drafted token and with
+free drafts (a lookup that always matches).
 """
 
 from __future__ import annotations
@@ -175,6 +179,14 @@ def estimate(ranks: torch.Tensor, verify: dict[int, float], head_step: dict[int,
     return rows
 
 
+def perfect_chains(verify: dict[int, float], head_step: float) -> list[tuple[int, float, float]]:
+    """``(k, speedup with a head step per token, speedup with free drafts)`` for every chain of
+    k measured (``verify`` has k + 1), each draft token accepted: an upper bound for any
+    drafter of that cost."""
+    return [(n - 1, n * verify[1] / (verify[n] + (n - 1) * head_step), n * verify[1] / verify[n])
+            for n in sorted(verify) if n > 1]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.tree_drafts", description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="smollm2-135m")
@@ -226,6 +238,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nverify forward ms by tokens (context {context}): "
           + ", ".join(f"{n}: {t * 1e3:.1f}" for n, t in verify.items()))
     print("head step ms by rows: " + ", ".join(f"{m}: {t * 1e3:.2f}" for m, t in head_step.items()))
+    bounds = perfect_chains(verify, head_step[1])
+    report["perfect_chains"] = [{"k": k, "head": round(h, 3), "free": round(f, 3)} for k, h, f in bounds]
+    print("every draft accepted (a bound for any drafter), chain of k: x plain with a head step "
+          "per token / with free drafts: " + ", ".join(f"{k}: {h:.2f}x / {f:.2f}x" for k, h, f in bounds))
+    print(f"best: head drafts {max(h for _, h, _ in bounds):.2f}x, free drafts "
+          f"{max(f for _, _, f in bounds):.2f}x")
     for name, parts in by_set.items():
         ranks = torch.cat(parts)
         rows = estimate(ranks, verify, head_step, SHAPES)

@@ -14,7 +14,7 @@ from agentrt.engine.eagle import DraftHead
 from agentrt.engine.eagle.data import record_features
 from agentrt.engine.llama import Transformer
 from benchmarks.tree_drafts import (accepted_lengths, estimate, head_topk, nodes_per_depth,
-                                    ranks_along)
+                                    perfect_chains, ranks_along)
 
 
 def test_a_tree_accepts_a_depth_when_the_token_is_within_its_width():
@@ -39,6 +39,12 @@ def test_speedup_counts_the_verify_forward_over_every_node_and_each_head_step():
     assert chain2.nodes == 2 and chain2.mean_accepted == 2
     assert chain2.speedup == 3 * 10.0 / (12.0 + 1.0 + 1.0)
     assert tree.nodes == 6 and tree.speedup == 3 * 10.0 / (25.0 + 1.0 + 1.5)
+
+
+def test_the_perfect_chain_bound_charges_the_verify_forward_and_a_head_step_per_token():
+    verify = {1: 10.0, 2: 11.0, 5: 20.0}
+    assert perfect_chains(verify, 1.0) == [(1, 2 * 10.0 / (11.0 + 1.0), 2 * 10.0 / 11.0),
+                                           (4, 5 * 10.0 / (20.0 + 4.0), 5 * 10.0 / 20.0)]
 
 
 def test_teacher_forced_drafts_are_the_engines_chain_along_the_same_path(tmp_path):
