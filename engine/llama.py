@@ -24,6 +24,7 @@ import ctypes
 import json
 import logging
 import math
+import time
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -359,7 +360,8 @@ class Transformer(nn.Module):
         self.ops = ops if ops is not None and dtype == torch.bfloat16 and _fits_cpu_ops(cfg) else None
         self.packed_max_rows = 3
         """Up to this many rows a matrix with GGUF blocks multiplies from the blocks (fewer
-        bytes to stream); more rows use the dense bf16 kernel (same results)."""
+        bytes to stream); more rows use the dense bf16 kernel (same results). 3 or 0, which
+        `choose_packed_rows` measures."""
         self.max_seq_len = max_seq_len
         self.rope = rope_frequencies(cfg, max_seq_len, self.device)
         self.rope_pairs = torch.view_as_real(self.rope).contiguous()
@@ -401,6 +403,33 @@ class Transformer(nn.Module):
             log.warning("precision='int8' needs GGUF blocks and the CPU kernels (none for %s); "
                         "computing exactly", path)
         return model.eval()
+
+    def choose_packed_rows(self, context: int = 256, repeats: int = 5) -> int:
+        """Set `packed_max_rows` to whichever is faster here for a one-row exact step: matrices
+        multiplied from their GGUF blocks (0.72 bytes a weight, compute-bound: cheaper with
+        more cores) or from the dense bf16 copies (2 bytes, memory-bound: cheaper where
+        bandwidth per core is high). One-row forwards after ``context`` tokens, the two
+        settings interleaved, median of ``repeats``; the logits are the same either way.
+        Measured once per process for a model shape and thread count; a no-op without the
+        blocks, the CPU kernels or in int8 precision."""
+        if self.ops is None or self._precision != "exact" or not any(layer.packed for layer in self.layers):
+            return self.packed_max_rows
+        key = (repr(self.cfg), torch.get_num_threads())
+        if key not in _PACKED_ROWS_CHOICE:
+            cache = SequenceCache(self, max_len=context + 2)
+            tokens = torch.arange(context + 1, dtype=torch.long, device=self.device) % self.vocab_size
+            times: dict[int, list[float]] = {3: [], 0: []}
+            with torch.inference_mode():
+                cache(tokens[None, :context], 0, "last")
+                for _ in range(repeats):
+                    for rows, seconds in times.items():
+                        self.packed_max_rows = rows
+                        start = time.perf_counter()
+                        cache(tokens[None, context:], context, "last")
+                        seconds.append(time.perf_counter() - start)
+            _PACKED_ROWS_CHOICE[key] = min(times, key=lambda r: sorted(times[r])[repeats // 2])
+        self.packed_max_rows = _PACKED_ROWS_CHOICE[key]
+        return self.packed_max_rows
 
     def truncated(self, num_layers: int) -> "Transformer":
         """A layer-skip drafter: the first ``num_layers`` layers and the head of this model,
@@ -623,6 +652,10 @@ class Transformer(nn.Module):
             cached = (parts, self.ops.layer_plan(list(self.layers), pool.caches))
             self._plans[pool] = cached
         return cached[1]
+
+
+_PACKED_ROWS_CHOICE: dict[tuple, int] = {}
+"""`Transformer.choose_packed_rows`'s answers in this process, by model shape and threads."""
 
 
 class SequenceCache:

@@ -96,6 +96,7 @@ class NativeEngine(BaseEngine):
         self.path = resolve(model, config.dtype)
         self.model = Transformer.from_pretrained(self.path, config.dtype, self.device,
                                                  config.max_seq_len, precision=config.precision)
+        self.model.choose_packed_rows()
         self.tokenizer = ChatTokenizer(self.path)
         self.max_seq_len = config.max_seq_len
         self.fixed_k = None if config.draft_tokens == "auto" else config.draft_tokens

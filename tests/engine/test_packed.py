@@ -127,6 +127,39 @@ def test_pulled_model_decodes_identically_with_and_without_blocks():
     assert model.use_packed(wrong) == 0
 
 
+def test_the_packed_rows_choice_picks_a_path_once_and_keeps_the_logits():
+    """`choose_packed_rows` times the blocks against the dense copies and keeps its answer for
+    the process; either answer decodes the same bits; int8 precision is left alone."""
+    from agentrt.engine import llama, models
+    from agentrt.engine.llama import SequenceCache, Transformer
+
+    path = models.ensure("smollm2-135m", "bf16")
+    model = Transformer.from_pretrained(path, "bf16", "cpu", max_seq_len=128)
+    if model.ops is None:
+        pytest.skip("no AVX2 / C compiler here: blocks are only read by the CPU kernel")
+    ids = torch.randint(0, model.vocab_size, (1, 20), generator=torch.Generator().manual_seed(3))
+
+    def steps() -> torch.Tensor:  # one-row steps and a 3-row one: where the choice applies
+        cache = SequenceCache(model)
+        with torch.inference_mode():
+            cache(ids[:, :16], 0, "last")
+            return torch.cat([cache(ids[:, 16:17], 16), cache(ids[:, 17:20], 17)], dim=1)
+
+    outputs = {}
+    for rows in (3, 0):
+        model.packed_max_rows = rows
+        outputs[rows] = steps()
+    assert torch.equal(outputs[3], outputs[0])
+    llama._PACKED_ROWS_CHOICE.clear()
+    chosen = model.choose_packed_rows(context=32, repeats=3)
+    assert chosen in (0, 3) and model.packed_max_rows == chosen and len(llama._PACKED_ROWS_CHOICE) == 1
+    model.packed_max_rows = 3 - chosen
+    assert model.choose_packed_rows() == chosen  # the kept answer, not a new measurement
+    model.precision = "int8"
+    model.packed_max_rows = 3
+    assert model.choose_packed_rows() == 3
+
+
 # ---- int8 activations against the blocks (`CpuOps.int8_linear`): not the float product, but
 # an exact arithmetic of its own, rebuilt here step by step in torch (see csrc/int8_ops.c)
 
