@@ -412,7 +412,9 @@ class Transformer(nn.Module):
         settings interleaved, median of ``repeats``; the logits are the same either way.
         Measured once per process for a model shape and thread count; a no-op without the
         blocks, the CPU kernels or in int8 precision."""
-        if self.ops is None or self._precision != "exact" or not any(layer.packed for layer in self.layers):
+        context = min(context, self.max_seq_len - 2)
+        if (self.ops is None or self._precision != "exact" or context < 1
+                or not any(layer.packed for layer in self.layers)):
             return self.packed_max_rows
         key = (repr(self.cfg), torch.get_num_threads())
         if key not in _PACKED_ROWS_CHOICE:

@@ -151,7 +151,7 @@ def test_the_packed_rows_choice_picks_a_path_once_and_keeps_the_logits():
         outputs[rows] = steps()
     assert torch.equal(outputs[3], outputs[0])
     llama._PACKED_ROWS_CHOICE.clear()
-    chosen = model.choose_packed_rows(context=32, repeats=3)
+    chosen = model.choose_packed_rows(context=1000, repeats=3)  # more than max_seq_len: cut to it
     assert chosen in (0, 3) and model.packed_max_rows == chosen and len(llama._PACKED_ROWS_CHOICE) == 1
     model.packed_max_rows = 3 - chosen
     assert model.choose_packed_rows() == chosen  # the kept answer, not a new measurement
