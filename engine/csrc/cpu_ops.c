@@ -22,12 +22,7 @@ typedef void (*team_job)(void *ctx, int t, int T);
 typedef struct { _Atomic int arrived; _Atomic int phase; } TeamBarrier;
 void team_run(team_job job, void *ctx, int threads);
 void team_barrier(TeamBarrier *b, int T);
-
-/* units * t / T .. units * (t + 1) / T: thread t's even share of `units`. */
-static inline void share(int64_t units, int t, int T, int64_t *a, int64_t *b) {
-    *a = units * t / T;
-    *b = units * (t + 1) / T;
-}
+void team_share(int64_t units, int t, int T, int64_t *a, int64_t *b);
 
 static inline float hsum(__m256 v) {
     const __m256 h = _mm256_hadd_ps(v, v);
@@ -135,7 +130,7 @@ static void bf16_direct_job(void *ctx, int t, int T) {
     const LinearJob *j = (const LinearJob *)ctx;
     const uint16_t *w = (const uint16_t *)j->w;
     int64_t a, b;
-    share(j->N, t, T, &a, &b);
+    team_share(j->N, t, T, &a, &b);
     for (int64_t n = a; n < b; n++)
         DOTS[j->M](w + n * j->K, j->x, j->K, j->y + n, j->N);
 }
@@ -147,7 +142,7 @@ static void bf16_tiled_job(void *ctx, int t, int T) {
     float *y = j->y;
     const int64_t M = j->M, N = j->N, K = j->K, R = rows_per_pass(M, K);
     int64_t a, b;
-    share((N + TILE_ROWS - 1) / TILE_ROWS, t, T, &a, &b);
+    team_share((N + TILE_ROWS - 1) / TILE_ROWS, t, T, &a, &b);
     for (int64_t tile = a; tile < b; tile++) {
         const int64_t n0 = tile * TILE_ROWS, nt = N - n0 < TILE_ROWS ? N - n0 : TILE_ROWS;
         for (int64_t m0 = 0; m0 < M; m0 += R) {
@@ -257,7 +252,7 @@ static void packed_direct_job(void *ctx, int t, int T) {
     const uint8_t *w = (const uint8_t *)j->w;
     const int64_t row_bytes = j->K / 32 * (j->kind == 0 ? 20 : 34);
     int64_t a, b;
-    share(j->N, t, T, &a, &b);
+    team_share(j->N, t, T, &a, &b);
     for (int64_t n = a; n < b; n++)
         PACKED_DOTS[j->kind][j->M](w + n * row_bytes, j->rnd, j->x, j->K, j->y + n, j->N);
 }
@@ -271,7 +266,7 @@ static void packed_tiled_job(void *ctx, int t, int T) {
     const int64_t M = j->M, N = j->N, K = j->K, R = rows_per_pass(M, K);
     const int64_t block_bytes = kind == 0 ? 20 : 34, row_bytes = K / 32 * block_bytes;
     int64_t a, b;
-    share((N + TILE_ROWS - 1) / TILE_ROWS, t, T, &a, &b);
+    team_share((N + TILE_ROWS - 1) / TILE_ROWS, t, T, &a, &b);
     if (a >= b) return;
     float *buf = (float *)aligned_alloc(64, (size_t)((TILE_ROWS + 1) * K) * sizeof(float));
     for (int64_t tile = a; tile < b; tile++) {
@@ -768,7 +763,7 @@ static void decode_one_row_job(void *ctx, int t, int T) {
         /* qkv by whole heads, each rotated and its k / v stored by the thread that made it */
         rms_norm(x, w->attn_norm, h, 1, E, j->eps);
         quantize_for(&w->qkv, h, E, q, d);
-        share(H + 2 * KV, t, T, &a, &b);
+        team_share(H + 2 * KV, t, T, &a, &b);
         matrix_rows(&w->qkv, h, q, d, qkv, NULL, Q, E, packed_max, a * D, b * D);
         for (int64_t head = a; head < b; head++) {
             float *v = qkv + head * D;
@@ -782,7 +777,7 @@ static void decode_one_row_job(void *ctx, int t, int T) {
                 store_kv_row(w->v_cache + ((block * KV + head - H - KV) * BS + off) * D, v, D);
         }
         team_barrier(&j->barrier, T);
-        share(H, t, T, &a, &b);
+        team_share(H, t, T, &a, &b);
         for (int64_t head = a; head < b; head++) {
             const AttendTask task = {0, head / groups, 0, 1, head % groups, 1};
             attend_paged_task(qkv, Q, w->k_cache, w->v_cache, att, j->sq, &task, H, KV, D, BS,
@@ -790,19 +785,19 @@ static void decode_one_row_job(void *ctx, int t, int T) {
         }
         team_barrier(&j->barrier, T);
         quantize_for(&w->o, att, H * D, q, d);
-        share(E / 8, t, T, &a, &b);
+        team_share(E / 8, t, T, &a, &b);
         matrix_rows(&w->o, att, q, d, mid, x, E, H * D, packed_max, a * 8, b * 8);
         team_barrier(&j->barrier, T);
         /* gate and up rows of the same slice, then its SiLU gate */
         rms_norm(mid, w->mlp_norm, h, 1, E, j->eps);
         quantize_for(&w->gate_up, h, E, q, d);
-        share(I / 8, t, T, &a, &b);
+        team_share(I / 8, t, T, &a, &b);
         matrix_rows(&w->gate_up, h, q, d, gu, NULL, 2 * I, E, packed_max, a * 8, b * 8);
         matrix_rows(&w->gate_up, h, q, d, gu, NULL, 2 * I, E, packed_max, I + a * 8, I + b * 8);
         silu_mul_range(gu, act, I, a * 8, b * 8);
         team_barrier(&j->barrier, T);
         quantize_for(&w->down, act, I, q, d);
-        share(E / 8, t, T, &a, &b);
+        team_share(E / 8, t, T, &a, &b);
         matrix_rows(&w->down, act, q, d, x, mid, E, I, packed_max, a * 8, b * 8);
         team_barrier(&j->barrier, T);
     }

@@ -21,6 +21,7 @@
 /* the worker team (team.c; these declarations must match it) */
 typedef void (*team_job)(void *ctx, int t, int T);
 void team_run(team_job job, void *ctx, int threads);
+void team_share(int64_t units, int t, int T, int64_t *a, int64_t *b);
 
 /* x [M, K] (K % 32 == 0) -> codes q [M, K], scales d [M, K / 32], sx [M, K / 32]. */
 void quantize_q8_rows(const float *x, int64_t M, int64_t K, int8_t *q, float *d, float *sx) {
@@ -142,7 +143,8 @@ static void q8_blocks_job(void *ctx, int t, int T) {
     const Q8Job *j = (const Q8Job *)ctx;
     const int64_t M = j->M, N = j->N, K = j->K, nb = K / 32;
     const int64_t group_bytes = nb * (j->kind == 0 ? 160 : 272), groups = (N + 7) / 8;
-    const int64_t g0 = groups * t / T, g1 = groups * (t + 1) / T;
+    int64_t g0, g1;
+    team_share(groups, t, T, &g0, &g1);
     for (int64_t G = g0; G < g1; G++) {
         const int64_t n0 = G * 8, valid = N - n0 < 8 ? N - n0 : 8;
         for (int64_t m0 = 0; m0 < M; m0 += 4) {

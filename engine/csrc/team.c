@@ -166,3 +166,10 @@ void team_barrier(TeamBarrier *b, int T) {
         spin_while_equal_int(&b->phase, phase);
     }
 }
+
+/* units * t / T .. units * (t + 1) / T: thread t's even share of `units`, the split every
+   job uses. */
+void team_share(int64_t units, int t, int T, int64_t *a, int64_t *b) {
+    *a = units * t / T;
+    *b = units * (t + 1) / T;
+}
