@@ -92,6 +92,15 @@ class CpuOps:
         self._decode_layers_paged = self._fn(lib.decode_layers_paged,
                                              [ptr, i64, ptr, i64, ptr, i64, i64, i64, i64, i64, i64,
                                               i64, ptr, f32, f32, i32, i32])
+        self._vnni = self._fn(lib.int8_vnni, [i32])
+        self._vnni.restype = i32
+        self.use_vnni(os.environ.get("AGENTRT_INT8_VNNI", "1") != "0")
+
+    def use_vnni(self, enabled: bool | None = None) -> bool:
+        """Whether `int8_linear` and the int8 step run the AVX512-VNNI kernels (where the CPU
+        has them; ``AGENTRT_INT8_VNNI=0`` starts with the AVX2 ones): set when ``enabled`` is
+        given, then returned. Both give the same bits; not to be switched during a matmul."""
+        return bool(self._vnni(-1 if enabled is None else int(enabled)))
 
     @staticmethod
     def _fn(fn, argtypes):

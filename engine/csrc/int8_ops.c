@@ -122,12 +122,95 @@ void quantize_q8_rows(const float *x, int64_t M, int64_t K, int8_t *q, float *d,
     }
 DEFINE_Q4_1_GROUP(1) DEFINE_Q4_1_GROUP(2) DEFINE_Q4_1_GROUP(3) DEFINE_Q4_1_GROUP(4)
 
+/* The same groups with AVX512-VNNI (256-bit forms): one vpdpbusd adds a lane's four u8 x s8
+   products to its int32 sum, where AVX2 needs maddubs, an int16 add and madd. Integer sums are
+   exact either way, and the float steps are the same in the same order, so the outputs are the
+   same bits. Two sums per row (even and odd g) halve the dependency chain of the dpbusd's. */
+#define VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni")))
+#define DEFINE_VNNI_GROUP(R)                                                                  \
+    VNNI static void q4_1_vnni##R(const uint8_t *p, int64_t nb, const int8_t *q, const float *d, \
+                                  const float *sx, int64_t K, __m256 *out) {                   \
+        const __m256i low4 = _mm256_set1_epi8(0x0F);                                          \
+        __m256 acc[R];                                                                        \
+        for (int i = 0; i < R; i++) acc[i] = _mm256_setzero_ps();                             \
+        for (int64_t b = 0; b < nb; b++, p += 160) {                                          \
+            const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));           \
+            const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16)));    \
+            __m256i w[8];                                                                     \
+            for (int g = 0; g < 4; g++) {                                                     \
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(p + 32 + 32 * g));     \
+                w[g] = _mm256_and_si256(v, low4);                                             \
+                w[g + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);                   \
+            }                                                                                 \
+            for (int i = 0; i < R; i++) {                                                     \
+                const int32_t *a = (const int32_t *)(q + i * K + 32 * b);                     \
+                __m256i s0 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w[0], _mm256_set1_epi32(a[0])); \
+                __m256i s1 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w[1], _mm256_set1_epi32(a[1])); \
+                for (int g = 2; g < 8; g += 2) {                                              \
+                    s0 = _mm256_dpbusd_epi32(s0, w[g], _mm256_set1_epi32(a[g]));              \
+                    s1 = _mm256_dpbusd_epi32(s1, w[g + 1], _mm256_set1_epi32(a[g + 1]));      \
+                }                                                                             \
+                const __m256 f = _mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1));                \
+                const __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(d[i * nb + b]));        \
+                acc[i] = _mm256_add_ps(_mm256_add_ps(acc[i], _mm256_mul_ps(scale, f)),        \
+                                       _mm256_mul_ps(mw, _mm256_set1_ps(sx[i * nb + b])));    \
+            }                                                                                 \
+        }                                                                                     \
+        for (int i = 0; i < R; i++) out[i] = acc[i];                                          \
+    }                                                                                         \
+    VNNI static void q8_0_vnni##R(const uint8_t *p, int64_t nb, const int8_t *q, const float *d, \
+                                  const float *sx, int64_t K, __m256 *out) {                   \
+        (void)sx;                                                                             \
+        __m256 acc[R];                                                                        \
+        for (int i = 0; i < R; i++) acc[i] = _mm256_setzero_ps();                             \
+        for (int64_t b = 0; b < nb; b++, p += 272) {                                          \
+            const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));           \
+            __m256i w[8], mag[8];                                                             \
+            for (int g = 0; g < 8; g++) {                                                     \
+                w[g] = _mm256_loadu_si256((const __m256i *)(p + 16 + 32 * g));                \
+                mag[g] = _mm256_abs_epi8(w[g]);   /* -128 -> 0x80 = 128 unsigned */           \
+            }                                                                                 \
+            for (int i = 0; i < R; i++) {                                                     \
+                const int32_t *a = (const int32_t *)(q + i * K + 32 * b);                     \
+                __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();             \
+                for (int g = 0; g < 8; g += 2) {                                              \
+                    s0 = _mm256_dpbusd_epi32(s0, mag[g], _mm256_sign_epi8(_mm256_set1_epi32(a[g]), w[g])); \
+                    s1 = _mm256_dpbusd_epi32(s1, mag[g + 1],                                  \
+                                             _mm256_sign_epi8(_mm256_set1_epi32(a[g + 1]), w[g + 1])); \
+                }                                                                             \
+                const __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(d[i * nb + b]));        \
+                acc[i] = _mm256_add_ps(acc[i], _mm256_mul_ps(scale, _mm256_cvtepi32_ps(       \
+                                                                  _mm256_add_epi32(s0, s1)))); \
+            }                                                                                 \
+        }                                                                                     \
+        for (int i = 0; i < R; i++) out[i] = acc[i];                                          \
+    }
+DEFINE_VNNI_GROUP(1) DEFINE_VNNI_GROUP(2) DEFINE_VNNI_GROUP(3) DEFINE_VNNI_GROUP(4)
+DEFINE_VNNI_GROUP(5) DEFINE_VNNI_GROUP(6) DEFINE_VNNI_GROUP(7) DEFINE_VNNI_GROUP(8)
+
 typedef void (*group_fn)(const uint8_t *, int64_t, const int8_t *, const float *, const float *,
                          int64_t, __m256 *);
-static const group_fn GROUPS[2][5] = {
+static const group_fn AVX2_GROUPS[2][9] = {
     {0, q4_1_group1, q4_1_group2, q4_1_group3, q4_1_group4},
     {0, q8_0_group1, q8_0_group2, q8_0_group3, q8_0_group4},
 };
+static const group_fn VNNI_GROUPS[2][9] = {
+    {0, q4_1_vnni1, q4_1_vnni2, q4_1_vnni3, q4_1_vnni4, q4_1_vnni5, q4_1_vnni6, q4_1_vnni7, q4_1_vnni8},
+    {0, q8_0_vnni1, q8_0_vnni2, q8_0_vnni3, q8_0_vnni4, q8_0_vnni5, q8_0_vnni6, q8_0_vnni7, q8_0_vnni8},
+};
+static const group_fn (*GROUPS)[9] = AVX2_GROUPS;
+static int ROWS = 4;
+
+/* Which group kernels run: mode 1 the VNNI ones where the CPU has AVX512-VNNI (else AVX2), 0
+   the AVX2 ones, -1 asks. Returns 1 when the VNNI kernels are in use. The AVX2 ones run until
+   this is called; not to be called while a matmul runs. */
+int int8_vnni(int mode) {
+    if (mode >= 0)
+        GROUPS = mode && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl")
+                     ? VNNI_GROUPS : AVX2_GROUPS;
+    ROWS = GROUPS == VNNI_GROUPS ? 8 : 4;
+    return GROUPS == VNNI_GROUPS;
+}
 
 /* q8_blocks_linear handed to the team: thread t takes its even share of the groups. */
 typedef struct {
@@ -147,9 +230,9 @@ static void q8_blocks_job(void *ctx, int t, int T) {
     team_share(groups, t, T, &g0, &g1);
     for (int64_t G = g0; G < g1; G++) {
         const int64_t n0 = G * 8, valid = N - n0 < 8 ? N - n0 : 8;
-        for (int64_t m0 = 0; m0 < M; m0 += 4) {
-            const int R = M - m0 < 4 ? (int)(M - m0) : 4;
-            __m256 acc[4];
+        for (int64_t m0 = 0; m0 < M; m0 += ROWS) {
+            const int R = M - m0 < ROWS ? (int)(M - m0) : ROWS;
+            __m256 acc[8];
             GROUPS[j->kind][R](j->w + G * group_bytes, nb, j->q + m0 * K, j->d + m0 * nb,
                                j->sx + m0 * nb, K, acc);
             for (int i = 0; i < R; i++) {
