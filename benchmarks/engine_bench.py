@@ -543,6 +543,11 @@ class Run:
         seconds = sum(r.decode_s for r in self.rows)
         return sum(max(r.new_tokens - 1, 0) for r in self.rows) / seconds if seconds > 0 else 0.0
 
+    @property
+    def prefill_s(self) -> float:
+        """Mean prefill seconds over the run's prompts."""
+        return statistics.mean(r.prefill_s for r in self.rows) if self.rows else 0.0
+
 
 def schedule(systems: list[str], repeats: int) -> list[str]:
     """The runs of one invocation, in order: ``repeats`` passes over ``systems``, pass i
@@ -597,6 +602,19 @@ class AnchorCheck:
                 by_system.setdefault(run.system, []).append(run.decode_tok_s)
         return {system: (min(v) / top, max(v) / bottom) for system, v in by_system.items()
                 if top > 0 and bottom > 0}
+
+    @staticmethod
+    def prefill_bounds(runs: list[Run]) -> dict[str, tuple[float, float]]:
+        """Per system, how much faster its prefill was than llama.cpp's, run against run:
+        ``(fastest anchor run / slowest run, slowest anchor run / fastest run)`` of the mean
+        prefill seconds."""
+        anchor = [run.prefill_s for run in runs if run.system == ANCHOR]
+        by_system: dict[str, list[float]] = {}
+        for run in runs:
+            if run.system != ANCHOR:
+                by_system.setdefault(run.system, []).append(run.prefill_s)
+        return {system: (min(anchor) / max(v), max(anchor) / min(v))
+                for system, v in by_system.items() if anchor and min(v) > 0}
 
     @classmethod
     def of(cls, runs: list[Run], tolerance: float) -> "AnchorCheck | None":
@@ -854,6 +872,11 @@ def against_anchor(per: dict, meta: dict) -> list[str]:
                          "fastest anchor .. fastest / slowest anchor): " + "; ".join(
                              f"`{system}` {low:.2f}x-{high:.2f}x"
                              for system, (low, high) in meta["anchor_bounds"].items()) + ".")
+        if meta.get("anchor_prefill_bounds"):
+            lines.append("Prefill, each run against each llama.cpp run (fastest anchor / slowest "
+                         "run .. slowest anchor / fastest run): " + "; ".join(
+                             f"`{system}` {low:.2f}x-{high:.2f}x faster"
+                             for system, (low, high) in meta["anchor_prefill_bounds"].items()) + ".")
         return [*lines, ""]
     parts = [f"`{system}` decode {e['speedup_vs_llamacpp']:.2f}x, prefill "
              f"{e['prefill_speedup_vs_llamacpp']:.2f}x faster"
@@ -1010,7 +1033,8 @@ def main(argv: list[str] | None = None) -> int:
                       "decode_tok_s": r.decode_tok_s} for r in runs],
             "anchor": anchor.describe() if anchor else None,
             "anchor_ok": anchor.ok if anchor else None,
-            "anchor_bounds": anchor.bounds(runs) if anchor else None}
+            "anchor_bounds": anchor.bounds(runs) if anchor else None,
+            "anchor_prefill_bounds": anchor.prefill_bounds(runs) if anchor else None}
     if any(s in VLLM_SYSTEMS for s in plan.systems):
         import vllm
 

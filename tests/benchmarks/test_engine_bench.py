@@ -225,7 +225,8 @@ def _anchored(anchor_speeds: list[float]) -> tuple[dict, str]:
     meta = {"time": "t", "model": "m", "dtype": "bf16", "device": "cpu", "cpu": "x", "threads": 2,
             "max_tokens": 128, "systems": systems, "reference": "plain",
             "descriptions": {s: s for s in systems}, "anchor": check.describe(),
-            "anchor_ok": check.ok, "anchor_bounds": check.bounds(runs)}
+            "anchor_ok": check.ok, "anchor_bounds": check.bounds(runs),
+            "anchor_prefill_bounds": check.prefill_bounds(runs)}
     return summary, engine_bench.markdown(summary, meta)
 
 
@@ -240,6 +241,11 @@ def test_an_unsteady_anchor_withholds_every_ratio_against_llama_cpp():
     assert (cells["x llama.cpp"], cells["prefill s"], cells["prefill x llama.cpp"]) == ("-", "0.20", "-")
     # what holds whatever the drift: each system's runs against the fastest and slowest anchor
     assert "`plain-int8` 0.80x-1.14x; `plain` 0.40x-0.57x." in md
+    assert "`plain-int8` 4.00x-4.00x faster; `plain` 2.00x-2.00x faster." in md
+    runs = [_run("llamacpp", 0, 100.0, 0.8), _run("plain-int8", 1, 80.0, 0.2),
+            _run("llamacpp", 2, 70.0, 0.6), _run("plain-int8", 3, 80.0, 0.25)]
+    assert engine_bench.AnchorCheck.of(runs, 0.10).prefill_bounds(runs) == {
+        "plain-int8": pytest.approx((0.6 / 0.25, 0.8 / 0.2))}
 
 
 def test_a_steady_anchor_gives_decode_and_prefill_ratios():

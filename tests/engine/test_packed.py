@@ -12,19 +12,9 @@ import torch
 
 from agentrt.engine import packed
 from agentrt.engine.packed import BLOCK_BYTES, PackedMatrix
+from random_models import random_blocks
 
 gguf = pytest.importorskip("gguf")
-
-
-def random_blocks(kind: str, rows: int, cols: int, seed: int = 0) -> torch.Tensor:
-    """Valid random blocks: finite fp16 scales (and minimums), random codes."""
-    gen = np.random.default_rng(seed)
-    nb = cols // 32
-    raw = gen.integers(0, 256, size=(rows, nb, BLOCK_BYTES[kind]), dtype=np.uint8)
-    raw[..., 0:2] = gen.normal(0, 0.02, size=(rows, nb)).astype(np.float16)[..., None].view(np.uint8)
-    if kind == "q4_1":
-        raw[..., 2:4] = gen.normal(0, 0.1, size=(rows, nb)).astype(np.float16)[..., None].view(np.uint8)
-    return torch.from_numpy(raw.reshape(rows, -1))
 
 
 @pytest.mark.parametrize("kind", ["q4_1", "q8_0"])
