@@ -94,7 +94,8 @@ class CpuOps:
                                               i64, ptr, f32, f32, i32, i32])
         self._vnni = self._fn(lib.int8_vnni, [i32])
         self._vnni.restype = i32
-        self.use_vnni(os.environ.get("AGENTRT_INT8_VNNI", "1") != "0")
+        vnni = self.use_vnni(os.environ.get("AGENTRT_INT8_VNNI", "1") != "0")
+        log.info("CPU kernels loaded; int8 matmuls on %s", "AVX512-VNNI" if vnni else "AVX2")
 
     def use_vnni(self, enabled: bool | None = None) -> bool:
         """Whether `int8_linear` and the int8 step run the AVX512-VNNI kernels (where the CPU
