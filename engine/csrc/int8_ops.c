@@ -63,73 +63,60 @@ void quantize_q8_rows(const float *x, int64_t M, int64_t K, int8_t *q, float *d,
    4g .. 4g + 3 of row j's nibbles (low nibbles: weights 4g .. 4g + 3; high: 16 + 4g ..).
    Q8_0, 272 bytes: 8 fp16 dw, then for g = 0..7 and row j the 4 codes 4g .. 4g + 3 of row j. */
 
-/* acc[i] (8 rows) gets activation row i's block b: sum over g of the 4-byte groups. */
-#define DEFINE_Q4_1_GROUP(R)                                                                  \
-    static void q4_1_group##R(const uint8_t *p, int64_t nb, const int8_t *q, const float *d,   \
-                              const float *sx, int64_t K, __m256 *out) {                       \
-        const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);             \
-        __m256 acc[R];                                                                        \
-        for (int i = 0; i < R; i++) acc[i] = _mm256_setzero_ps();                             \
-        for (int64_t b = 0; b < nb; b++, p += 160) {                                          \
-            const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));           \
-            const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16)));    \
-            __m256i w[8];                                                                     \
-            for (int g = 0; g < 4; g++) {                                                     \
-                const __m256i v = _mm256_loadu_si256((const __m256i *)(p + 32 + 32 * g));     \
-                w[g] = _mm256_and_si256(v, low4);                                             \
-                w[g + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);                   \
-            }                                                                                 \
-            for (int i = 0; i < R; i++) {                                                     \
-                const int8_t *a = q + i * K + 32 * b;                                         \
-                int32_t four[8];                                                              \
-                memcpy(four, a, 32);                                                          \
-                /* 8 x (2 products of <= 15 * 127): the int16 sums cannot overflow */         \
-                __m256i s16 = _mm256_maddubs_epi16(w[0], _mm256_set1_epi32(four[0]));         \
-                for (int g = 1; g < 8; g++)                                                   \
-                    s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(w[g], _mm256_set1_epi32(four[g]))); \
-                const __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(s16, ones));            \
-                const __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(d[i * nb + b]));        \
-                acc[i] = _mm256_add_ps(_mm256_add_ps(acc[i], _mm256_mul_ps(scale, f)),        \
-                                       _mm256_mul_ps(mw, _mm256_set1_ps(sx[i * nb + b])));    \
-            }                                                                                 \
-        }                                                                                     \
-        for (int i = 0; i < R; i++) out[i] = acc[i];                                          \
-    }                                                                                         \
-    static void q8_0_group##R(const uint8_t *p, int64_t nb, const int8_t *q, const float *d,   \
-                              const float *sx, int64_t K, __m256 *out) {                       \
-        const __m256i ones = _mm256_set1_epi16(1);                                            \
-        (void)sx;                                                                             \
-        __m256 acc[R];                                                                        \
-        for (int i = 0; i < R; i++) acc[i] = _mm256_setzero_ps();                             \
-        for (int64_t b = 0; b < nb; b++, p += 272) {                                          \
-            const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));           \
-            for (int i = 0; i < R; i++) {                                                     \
-                const int8_t *a = q + i * K + 32 * b;                                         \
-                int32_t four[8];                                                              \
-                memcpy(four, a, 32);                                                          \
-                __m256i s32 = _mm256_setzero_si256();                                         \
-                for (int g = 0; g < 8; g++) {                                                 \
-                    const __m256i w = _mm256_loadu_si256((const __m256i *)(p + 16 + 32 * g)); \
-                    const __m256i x = _mm256_sign_epi8(_mm256_set1_epi32(four[g]), w);        \
-                    s32 = _mm256_add_epi32(s32, _mm256_madd_epi16(                            \
-                        _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), x), ones));              \
-                }                                                                             \
-                const __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(d[i * nb + b]));        \
-                acc[i] = _mm256_add_ps(acc[i], _mm256_mul_ps(scale, _mm256_cvtepi32_ps(s32))); \
-            }                                                                                 \
-        }                                                                                     \
-        for (int i = 0; i < R; i++) out[i] = acc[i];                                          \
-    }
-DEFINE_Q4_1_GROUP(1) DEFINE_Q4_1_GROUP(2) DEFINE_Q4_1_GROUP(3) DEFINE_Q4_1_GROUP(4)
-
-/* The same groups with AVX512-VNNI (256-bit forms): one vpdpbusd adds a lane's four u8 x s8
-   products to its int32 sum, where AVX2 needs maddubs, an int16 add and madd. Integer sums are
-   exact either way, and the float steps are the same in the same order, so the outputs are the
-   same bits. Two sums per row (even and odd g) halve the dependency chain of the dpbusd's. */
+/* The integer sum of one block for 8 rows (one per int32 lane) against one activation row's
+   codes a (32 bytes, read as 8 runs of 4): w[g] holds the 8 rows' codes for run g (Q4_1: the
+   nibbles, unsigned; Q8_0: signed codes, multiplied as |w| times the code with w's sign). AVX2:
+   maddubs, int16 adds, madd; AVX512-VNNI: one vpdpbusd per run (two sums, so each waits on
+   half as many). The sums are exact either way: the same integers. */
 #define VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni")))
-#define DEFINE_VNNI_GROUP(R)                                                                  \
-    VNNI static void q4_1_vnni##R(const uint8_t *p, int64_t nb, const int8_t *q, const float *d, \
-                                  const float *sx, int64_t K, __m256 *out) {                   \
+
+/* Activation codes 4g .. 4g + 3 of a, in every int32 lane (one broadcast load). */
+static inline __m256i run_of_four(const int8_t *a, int g) {
+    return _mm256_broadcastd_epi32(_mm_loadu_si32(a + 4 * g));
+}
+
+static inline __m256i q4_sum_avx2(const __m256i w[8], const int8_t *a) {
+    /* 8 x (2 products of <= 15 * 127): the int16 sums cannot overflow */
+    __m256i s16 = _mm256_maddubs_epi16(w[0], run_of_four(a, 0));
+    for (int g = 1; g < 8; g++)
+        s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(w[g], run_of_four(a, g)));
+    return _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
+}
+
+static inline __m256i q8_sum_avx2(const __m256i w[8], const int8_t *a) {
+    __m256i s32 = _mm256_setzero_si256();
+    for (int g = 0; g < 8; g++) {
+        const __m256i x = _mm256_sign_epi8(run_of_four(a, g), w[g]);
+        s32 = _mm256_add_epi32(s32, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w[g], w[g]), x),
+                                                      _mm256_set1_epi16(1)));
+    }
+    return s32;
+}
+
+VNNI static inline __m256i q4_sum_vnni(const __m256i w[8], const int8_t *a) {
+    __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+    for (int g = 0; g < 8; g += 2) {
+        s0 = _mm256_dpbusd_epi32(s0, w[g], run_of_four(a, g));
+        s1 = _mm256_dpbusd_epi32(s1, w[g + 1], run_of_four(a, g + 1));
+    }
+    return _mm256_add_epi32(s0, s1);
+}
+
+VNNI static inline __m256i q8_sum_vnni(const __m256i w[8], const int8_t *a) {
+    __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+    for (int g = 0; g < 8; g += 2) {  /* |-128| is 0x80 = 128 unsigned */
+        s0 = _mm256_dpbusd_epi32(s0, _mm256_abs_epi8(w[g]),
+                                 _mm256_sign_epi8(run_of_four(a, g), w[g]));
+        s1 = _mm256_dpbusd_epi32(s1, _mm256_abs_epi8(w[g + 1]),
+                                 _mm256_sign_epi8(run_of_four(a, g + 1), w[g + 1]));
+    }
+    return _mm256_add_epi32(s0, s1);
+}
+
+/* acc[i] (8 rows) gets activation row i's blocks, in order, with the ISA's block sums. */
+#define DEFINE_GROUPS(ISA, ATTR, R)                                                           \
+    ATTR static void q4_1_##ISA##_##R(const uint8_t *p, int64_t nb, const int8_t *q, const float *d, \
+                                   const float *sx, int64_t K, __m256 *out) {                  \
         const __m256i low4 = _mm256_set1_epi8(0x0F);                                          \
         __m256 acc[R];                                                                        \
         for (int i = 0; i < R; i++) acc[i] = _mm256_setzero_ps();                             \
@@ -143,14 +130,7 @@ DEFINE_Q4_1_GROUP(1) DEFINE_Q4_1_GROUP(2) DEFINE_Q4_1_GROUP(3) DEFINE_Q4_1_GROUP
                 w[g + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);                   \
             }                                                                                 \
             for (int i = 0; i < R; i++) {                                                     \
-                const int32_t *a = (const int32_t *)(q + i * K + 32 * b);                     \
-                __m256i s0 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w[0], _mm256_set1_epi32(a[0])); \
-                __m256i s1 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w[1], _mm256_set1_epi32(a[1])); \
-                for (int g = 2; g < 8; g += 2) {                                              \
-                    s0 = _mm256_dpbusd_epi32(s0, w[g], _mm256_set1_epi32(a[g]));              \
-                    s1 = _mm256_dpbusd_epi32(s1, w[g + 1], _mm256_set1_epi32(a[g + 1]));      \
-                }                                                                             \
-                const __m256 f = _mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1));                \
+                const __m256 f = _mm256_cvtepi32_ps(q4_sum_##ISA(w, q + i * K + 32 * b));     \
                 const __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(d[i * nb + b]));        \
                 acc[i] = _mm256_add_ps(_mm256_add_ps(acc[i], _mm256_mul_ps(scale, f)),        \
                                        _mm256_mul_ps(mw, _mm256_set1_ps(sx[i * nb + b])));    \
@@ -158,45 +138,38 @@ DEFINE_Q4_1_GROUP(1) DEFINE_Q4_1_GROUP(2) DEFINE_Q4_1_GROUP(3) DEFINE_Q4_1_GROUP
         }                                                                                     \
         for (int i = 0; i < R; i++) out[i] = acc[i];                                          \
     }                                                                                         \
-    VNNI static void q8_0_vnni##R(const uint8_t *p, int64_t nb, const int8_t *q, const float *d, \
-                                  const float *sx, int64_t K, __m256 *out) {                   \
+    ATTR static void q8_0_##ISA##_##R(const uint8_t *p, int64_t nb, const int8_t *q, const float *d, \
+                                   const float *sx, int64_t K, __m256 *out) {                  \
         (void)sx;                                                                             \
         __m256 acc[R];                                                                        \
         for (int i = 0; i < R; i++) acc[i] = _mm256_setzero_ps();                             \
         for (int64_t b = 0; b < nb; b++, p += 272) {                                          \
             const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));           \
-            __m256i w[8], mag[8];                                                             \
-            for (int g = 0; g < 8; g++) {                                                     \
+            __m256i w[8];                                                                     \
+            for (int g = 0; g < 8; g++)                                                       \
                 w[g] = _mm256_loadu_si256((const __m256i *)(p + 16 + 32 * g));                \
-                mag[g] = _mm256_abs_epi8(w[g]);   /* -128 -> 0x80 = 128 unsigned */           \
-            }                                                                                 \
             for (int i = 0; i < R; i++) {                                                     \
-                const int32_t *a = (const int32_t *)(q + i * K + 32 * b);                     \
-                __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();             \
-                for (int g = 0; g < 8; g += 2) {                                              \
-                    s0 = _mm256_dpbusd_epi32(s0, mag[g], _mm256_sign_epi8(_mm256_set1_epi32(a[g]), w[g])); \
-                    s1 = _mm256_dpbusd_epi32(s1, mag[g + 1],                                  \
-                                             _mm256_sign_epi8(_mm256_set1_epi32(a[g + 1]), w[g + 1])); \
-                }                                                                             \
+                const __m256 f = _mm256_cvtepi32_ps(q8_sum_##ISA(w, q + i * K + 32 * b));     \
                 const __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(d[i * nb + b]));        \
-                acc[i] = _mm256_add_ps(acc[i], _mm256_mul_ps(scale, _mm256_cvtepi32_ps(       \
-                                                                  _mm256_add_epi32(s0, s1)))); \
+                acc[i] = _mm256_add_ps(acc[i], _mm256_mul_ps(scale, f));                      \
             }                                                                                 \
         }                                                                                     \
         for (int i = 0; i < R; i++) out[i] = acc[i];                                          \
     }
-DEFINE_VNNI_GROUP(1) DEFINE_VNNI_GROUP(2) DEFINE_VNNI_GROUP(3) DEFINE_VNNI_GROUP(4)
-DEFINE_VNNI_GROUP(5) DEFINE_VNNI_GROUP(6) DEFINE_VNNI_GROUP(7) DEFINE_VNNI_GROUP(8)
+DEFINE_GROUPS(avx2, , 1) DEFINE_GROUPS(avx2, , 2) DEFINE_GROUPS(avx2, , 3) DEFINE_GROUPS(avx2, , 4)
+DEFINE_GROUPS(vnni, VNNI, 1) DEFINE_GROUPS(vnni, VNNI, 2) DEFINE_GROUPS(vnni, VNNI, 3)
+DEFINE_GROUPS(vnni, VNNI, 4) DEFINE_GROUPS(vnni, VNNI, 5) DEFINE_GROUPS(vnni, VNNI, 6)
+DEFINE_GROUPS(vnni, VNNI, 7) DEFINE_GROUPS(vnni, VNNI, 8)
 
 typedef void (*group_fn)(const uint8_t *, int64_t, const int8_t *, const float *, const float *,
                          int64_t, __m256 *);
 static const group_fn AVX2_GROUPS[2][9] = {
-    {0, q4_1_group1, q4_1_group2, q4_1_group3, q4_1_group4},
-    {0, q8_0_group1, q8_0_group2, q8_0_group3, q8_0_group4},
+    {0, q4_1_avx2_1, q4_1_avx2_2, q4_1_avx2_3, q4_1_avx2_4},
+    {0, q8_0_avx2_1, q8_0_avx2_2, q8_0_avx2_3, q8_0_avx2_4},
 };
 static const group_fn VNNI_GROUPS[2][9] = {
-    {0, q4_1_vnni1, q4_1_vnni2, q4_1_vnni3, q4_1_vnni4, q4_1_vnni5, q4_1_vnni6, q4_1_vnni7, q4_1_vnni8},
-    {0, q8_0_vnni1, q8_0_vnni2, q8_0_vnni3, q8_0_vnni4, q8_0_vnni5, q8_0_vnni6, q8_0_vnni7, q8_0_vnni8},
+    {0, q4_1_vnni_1, q4_1_vnni_2, q4_1_vnni_3, q4_1_vnni_4, q4_1_vnni_5, q4_1_vnni_6, q4_1_vnni_7, q4_1_vnni_8},
+    {0, q8_0_vnni_1, q8_0_vnni_2, q8_0_vnni_3, q8_0_vnni_4, q8_0_vnni_5, q8_0_vnni_6, q8_0_vnni_7, q8_0_vnni_8},
 };
 static const group_fn (*GROUPS)[9] = AVX2_GROUPS;
 static int ROWS = 4;
