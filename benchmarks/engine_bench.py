@@ -79,11 +79,14 @@ ENGINES = ("native", "vllm", "openai")
 NATIVE_SYSTEMS = ("hf", "hf-lookup", "plain", "ngram", "suffix", "draft")
 HEAD_SYSTEMS = ("eagle", "hybrid")
 """Native systems drafting with the learned head (`agentrt draft train`; not in any default set)."""
+TWIN_SYSTEMS = ("twin", "hybrid-twin")
+"""Native systems drafting with the target's own int8 twin (exact precision; not in any default
+set)."""
 INT8_SYSTEMS = ("plain-int8", "suffix-int8", "eagle-int8", "hybrid-int8")
 """Native systems in ``precision="int8"`` (not in any default set)."""
 LLAMACPP_SYSTEMS = ("llamacpp",)
-ALL_SYSTEMS = (*NATIVE_SYSTEMS, *HEAD_SYSTEMS, *INT8_SYSTEMS, *VLLM_SYSTEMS, *LLAMACPP_SYSTEMS,
-               "openai")
+ALL_SYSTEMS = (*NATIVE_SYSTEMS, *HEAD_SYSTEMS, *TWIN_SYSTEMS, *INT8_SYSTEMS, *VLLM_SYSTEMS,
+               *LLAMACPP_SYSTEMS, "openai")
 DEFAULT_SYSTEMS = {
     "native": NATIVE_SYSTEMS,
     "vllm": ("plain", "vllm", "vllm-spec"),
@@ -107,6 +110,8 @@ DESCRIPTIONS = {
     "suffix-int8": "native + suffix automaton, precision='int8'",
     "eagle": "native + learned draft head (agentrt draft train)",
     "hybrid": "native + suffix lookup or learned head per step (expected tokens per second)",
+    "twin": "native + the target's own int8 twin drafting in its KV blocks",
+    "hybrid-twin": "native + suffix lookup or the int8 twin per step (expected tokens per second)",
     "eagle-int8": "native + learned draft head, precision='int8'",
     "hybrid-int8": "native + suffix lookup or learned head per step, precision='int8'",
     "llamacpp": "llama-cpp-python on the GGUF the model was pulled from, greedy, no speculation",
@@ -284,7 +289,7 @@ def build_system(system: str, plan: Plan, args, path: Path | None,
     """Construct the runner for one system name (``extra``: more `NativeEngine` options)."""
     if system.startswith("hf"):
         return HFSystem(path, args.dtype, args.device, 10 if system == "hf-lookup" else None)
-    if system in ("plain", "ngram", "suffix", "draft", *HEAD_SYSTEMS):
+    if system in ("plain", "ngram", "suffix", "draft", *HEAD_SYSTEMS, *TWIN_SYSTEMS):
         from agentrt.engine import NativeEngine
 
         k = args.k if args.k == "auto" else int(args.k)
@@ -516,7 +521,8 @@ def describe(system: str, plan: Plan) -> str:
         text += f" {json.dumps(plan.vllm_spec_config)}"
     elif system == "openai":
         text += f" at {plan.base_url}, model `{plan.served_model}` (the server's own drafter)"
-    elif system in ("ngram", "suffix", "draft", *HEAD_SYSTEMS, *INT8_SYSTEMS[1:]) and plan.native_options:
+    elif (system in ("ngram", "suffix", "draft", *HEAD_SYSTEMS, *TWIN_SYSTEMS, *INT8_SYSTEMS[1:])
+          and plan.native_options):
         text += f" {json.dumps(plan.native_options)}"
     return text
 

@@ -109,11 +109,15 @@ class AdaptiveK:
         return max(0, min(match_len, AdaptiveK.BUCKETS - 1))
 
     def __init__(self, costs: StepCosts, max_k: int, draft_cost_per_token: float = 0.0,
-                 prior: float = 0.6, decay: float = 0.9, probe_every: int = 24, probe_k: int = 4):
+                 prior: float = 0.6, decay: float = 0.9, probe_every: int = 24, probe_k: int = 4,
+                 model_prior: float | None = None):
         self.costs = costs
         self.max_k = max_k
         self.draft_cost = draft_cost_per_token
         self.prior = prior
+        self.model_prior = prior if model_prior is None else model_prior
+        """The prior of bucket 0 (model drafts): a drafter that knows its acceptance is high
+        (the int8 twin) says so, or a hybrid would hardly ever try it against free lookups."""
         self.decay = decay
         self.probe_every = probe_every
         self.probe_k = min(probe_k, max_k)
@@ -121,10 +125,11 @@ class AdaptiveK:
 
     def accept(self, bucket: int = 0) -> list[float]:
         """Estimated acceptance of each draft position, given the earlier ones were accepted."""
-        rates, last = [], self.prior
+        prior = self.model_prior if bucket == 0 else self.prior
+        rates, last = [], prior
         for hits, seen in zip(self.hits[bucket], self.seen[bucket]):
             if seen >= 1.0:
-                last = (hits + self.prior) / (seen + 1.0)
+                last = (hits + prior) / (seen + 1.0)
             rates.append(last)
         return rates
 
@@ -244,9 +249,12 @@ def choose_drafts(decoding: list[RequestState], policy: AdaptiveK | None, lookup
     match is drafted first and the k's are chosen together (`plan_draft_lengths`): the most
     urgent requests as if alone (less urgent rows must not make the urgent stream draft less),
     the others around what those use. ``hybrid`` (a state with ``lookup_draft`` and
-    ``model_draft``): per sequence, the lookup's draft when its best expected tokens per second
-    (acceptance of its match length, no draft cost) is at least the model's (acceptance of
-    model drafts, the model's cost per token), else the model's."""
+    ``model_draft``): per sequence, the lookup's draft when it matched 4 or more tokens and such
+    matches are mostly accepted (the first token at least half the time), or when its best
+    expected tokens per second (acceptance of its match length, no draft cost) is at least the
+    model's (acceptance of model drafts, the model's cost per token); else the model's.
+    (Comparing rates alone, a model drafter accepted nearly always, the int8 twin, took steps
+    from long lookups: `hybrid-twin` fell below `suffix` on agent code.)"""
     if policy is not None:
         policy.next_step()
     plans: dict[RequestState, tuple[list[int], Draft]] = {}
@@ -262,7 +270,8 @@ def choose_drafts(decoding: list[RequestState], policy: AdaptiveK | None, lookup
         elif hybrid:
             found = seq.state.lookup_draft(min(room, max_k))
             bucket = AdaptiveK.bucket_of(found.match_len)
-            if found.tokens and (policy.best_rate(len(found.tokens), bucket, 0.0)
+            long_match = bucket == AdaptiveK.BUCKETS - 1 and policy.accept(bucket)[0] >= 0.5
+            if found.tokens and (long_match or policy.best_rate(len(found.tokens), bucket, 0.0)
                                  >= policy.best_rate(room, 0)):
                 lookups.append((seq, found))
             else:

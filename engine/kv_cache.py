@@ -71,6 +71,10 @@ class KVPool:
         """Blocks that can be allocated now (free, or unused and evictable)."""
         return len(self._free) + len(self._unused)
 
+    def exclusive(self, block: int) -> bool:
+        """Whether ``block`` has exactly one user (no other request shares it)."""
+        return self._ref[block] == 1
+
     def in_use(self) -> int:
         return sum(1 for r in self._ref if r > 0)
 

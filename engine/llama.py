@@ -20,6 +20,7 @@ and every layer runs in the compiled kernels (`CpuOps.decode_layers_paged`); els
 
 from __future__ import annotations
 
+import copy
 import ctypes
 import json
 import logging
@@ -441,6 +442,21 @@ class Transformer(nn.Module):
         cfg = LlamaConfig(**{**self.cfg.__dict__, "num_layers": num_layers})
         return Transformer(cfg, self.dtype, self.device, self.max_seq_len, self.compute_dtype,
                            self.cpu_kernel, self._precision, share=self).eval()
+
+    def int8_twin(self) -> "Transformer":
+        """This model in ``"int8"`` precision, sharing its weights and GGUF blocks (only the
+        int8 layout of the blocks is its own): a cheap drafter for this model in exact
+        precision, close to it token for token. Needs the GGUF blocks and the CPU kernels."""
+        if self.ops is None or not any(layer.packed for layer in self.layers):
+            raise ValueError("an int8 twin needs the model's GGUF blocks (a model pulled with "
+                             "`agentrt models pull` has them) and the CPU kernels")
+        twin = self.truncated(self.cfg.num_layers)
+        twin.layers = nn.ModuleList(copy.copy(layer) for layer in self.layers)
+        for layer in twin.layers:
+            layer.int8 = {}
+        twin.int8_head = None
+        twin.precision = "int8"
+        return twin
 
     @property
     def precision(self) -> str:

@@ -42,10 +42,12 @@ import torch
 from .base import BaseEngine, Delta, EngineError, Message, SamplingParams, Usage, check_messages
 from .draft_policy import AdaptiveK, StepCosts, choose_drafts
 from .drafters.base import Draft, Drafter, DraftSampling
-from .drafters.eagle import EagleDrafter, HybridDrafter
+from .drafters.eagle import EagleDrafter
+from .drafters.hybrid import HybridDrafter
 from .drafters.model import ModelDrafter
 from .drafters.ngram import NgramDrafter
 from .drafters.suffix import SuffixDrafter
+from .drafters.twin import TwinDrafter
 from .eagle.head import DraftHead, check_target, head_dir, model_name
 from .kv_cache import KVPool
 from .llama import SeqRows, Transformer, synchronize
@@ -136,6 +138,12 @@ class NativeEngine(BaseEngine):
             return NgramDrafter()
         if kind == "suffix":
             return SuffixDrafter()
+        if kind in ("twin", "hybrid-twin"):
+            if self.model.precision != "exact":
+                raise ValueError(f"drafter={kind!r} drafts with the int8 twin of an exact target; "
+                                 f"this engine's precision is {self.model.precision!r}")
+            twin = TwinDrafter(self.model.int8_twin(), self.pool)
+            return twin if kind == "twin" else HybridDrafter(twin)
         if kind in ("eagle", "hybrid"):
             eagle = self._eagle_drafter()
             return eagle if kind == "eagle" else HybridDrafter(eagle)
@@ -371,7 +379,8 @@ class NativeEngine(BaseEngine):
             return None
         if self._policy is None:
             costs = StepCosts.measure(self.model, max(self.max_k + 1, 32))
-            self._policy = AdaptiveK(costs, self.max_k, self.drafter.draft_cost())
+            self._policy = AdaptiveK(costs, self.max_k, self.drafter.draft_cost(),
+                                     model_prior=getattr(self.drafter, "acceptance_prior", None))
         return self._policy
 
     def _start_drafting(self, seq: RequestState) -> None:
@@ -382,6 +391,9 @@ class NativeEngine(BaseEngine):
                 params.temperature, params.top_k, params.top_p, seq.uniforms.draft_generator))
             if seq.produced:
                 seq.state.extend(seq.tokens[seq.prompt_len:])
+            attach = getattr(seq.state, "attach", None)
+            if attach is not None:  # a state that drafts in the request's own KV blocks
+                attach(seq)
 
     # ------------------------------------------------------------------------------ step
 

@@ -11,10 +11,13 @@ if TYPE_CHECKING:  # the config stays importable without torch
     from .drafters.base import Drafter
     from .llama import Transformer
 
-DRAFTERS = ("suffix", "ngram", "draft", "eagle", "hybrid")
+DRAFTERS = ("suffix", "ngram", "draft", "eagle", "hybrid", "twin", "hybrid-twin")
 """The drafters `NativeConfig.drafter` names: suffix automaton, n-gram prompt lookup, a draft
-model (`NativeConfig.draft_model`), a learned draft head (`NativeConfig.draft_head`), and
-``hybrid`` (per step the suffix lookup or the head, whichever is expected to pay more)."""
+model (`NativeConfig.draft_model`), a learned draft head (`NativeConfig.draft_head`),
+``hybrid`` (per step the suffix lookup or the head, whichever is expected to pay more), and
+``twin`` (the target itself in int8 precision, drafting in the request's own KV blocks; exact
+precision, GGUF blocks and the CPU kernels needed) and ``hybrid-twin`` (the suffix lookup or
+the twin)."""
 
 DTYPES = ("bf16", "fp16", "fp32")
 PRECISIONS = ("exact", "int8")

@@ -60,7 +60,10 @@ class Drafter(Protocol):
     target layer indices whose input the engine then captures in its forward and hands to each
     request's state as ``state.add_features(start_position, rows)`` (prompt rows, then the last
     token and accepted drafts of every verify step); ``hybrid`` True, for a state that offers
-    ``lookup_draft(k)`` and ``model_draft(k)`` and lets `draft_policy.choose_drafts` choose."""
+    ``lookup_draft(k)`` and ``model_draft(k)`` and lets `draft_policy.choose_drafts` choose;
+    ``acceptance_prior``, the acceptance adaptive k assumes of a model draft before it has seen
+    any; a state's ``attach(request)``, for a state that drafts in the request's own KV blocks
+    (the engine hands it the request when it makes the state)."""
 
     name: str
     lookup: bool

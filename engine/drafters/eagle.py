@@ -1,5 +1,4 @@
-"""Drafting with a learned head (`engine.eagle.DraftHead`), and `hybrid`: the suffix lookup or
-the head, whichever is expected to pay more at each step.
+"""Drafting with a learned head (`engine.eagle.DraftHead`).
 
 The head reads the target's features, so the engine captures them in its forward (the layers in
 `EagleDrafter.features`) and hands each request's rows to its state (`EagleState.add_features`):
@@ -23,7 +22,6 @@ from agentrt.kernels import probs_from_logits, sample
 
 from ..eagle.head import DraftHead, HeadCache
 from .base import Draft, DraftSampling, common_prefix
-from .suffix import SuffixDrafter
 
 
 class EagleDrafter:
@@ -193,68 +191,3 @@ def one_thread() -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
-
-
-class HybridDrafter:
-    """Per step, the suffix lookup's draft or the head's: `draft_policy.choose_drafts` compares
-    the expected tokens per second of each (the lookup's acceptance by match length, the head's
-    with its measured cost per token). Without adaptive k, the lookup drafts when it matched at
-    least `min_match` tokens."""
-
-    name = "hybrid"
-    lookup = False
-    hybrid = True
-
-    def __init__(self, eagle: EagleDrafter, suffix: SuffixDrafter | None = None, min_match: int = 4):
-        self.eagle = eagle
-        self.suffix = suffix or SuffixDrafter()
-        self.features = eagle.features
-        self.min_match = min_match
-
-    def begin(self, prompt_ids: Sequence[int], sampling: DraftSampling | None = None) -> HybridState:
-        return HybridState(self, self.suffix.begin(prompt_ids, sampling),
-                           self.eagle.begin(prompt_ids, sampling))
-
-    def draft_cost(self) -> float:
-        """The head's cost per drafted token (lookups cost nothing)."""
-        return self.eagle.draft_cost()
-
-    def remember(self, token_ids: Sequence[int]) -> None:
-        self.suffix.remember(token_ids)
-
-    def reset(self) -> None:
-        self.suffix.reset()
-        self.eagle.reset()
-
-
-class HybridState:
-    """One request's lookup and head states, fed together."""
-
-    def __init__(self, drafter: HybridDrafter, lookup, head: EagleState):
-        self.drafter, self.lookup, self.head = drafter, lookup, head
-
-    def extend(self, token_ids: Sequence[int]) -> None:
-        self.lookup.extend(token_ids)
-        self.head.extend(token_ids)
-
-    def add_features(self, start: int, rows: torch.Tensor) -> None:
-        self.head.add_features(start, rows)
-
-    def lookup_draft(self, k: int) -> Draft:
-        """The suffix lookup's proposal (with its match length)."""
-        return self.lookup.draft(k)
-
-    def model_draft(self, k: int) -> Draft:
-        """The head's proposal."""
-        return self.head.draft(k)
-
-    def draft(self, k: int) -> Draft:
-        """The lookup's draft when it matched at least ``min_match`` tokens, else the head's."""
-        found = self.lookup.draft(k)
-        if found.tokens and found.match_len >= self.drafter.min_match:
-            return found
-        return self.head.draft(k)
-
-    def end(self) -> None:
-        self.lookup.end()
-        self.head.end()

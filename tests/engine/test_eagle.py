@@ -361,9 +361,10 @@ def test_engine_benchmark_runs_the_head_systems(tiny_head, tmp_path):
 
 def test_hybrid_takes_the_draft_with_more_expected_tokens_per_second():
     """The suffix lookup's draft when its match-length bucket is accepted more often per unit
-    of cost than the head's drafts, else the head's."""
+    of cost than the head's drafts, or when it matched 4+ tokens that are mostly accepted;
+    else the head's."""
     from agentrt.engine.draft_policy import AdaptiveK, StepCosts, choose_drafts
-    from agentrt.engine.drafters.eagle import HybridDrafter
+    from agentrt.engine.drafters.hybrid import HybridDrafter
 
     cfg = LlamaConfig(vocab_size=40, hidden_size=32, intermediate_size=64, num_layers=4,
                       num_heads=2, num_kv_heads=1, head_dim=16)
@@ -382,16 +383,20 @@ def test_hybrid_takes_the_draft_with_more_expected_tokens_per_second():
     lookup = state.lookup_draft(8)
     assert lookup.match_len >= 4 and lookup.tokens[:2] == [11, 12]
 
-    def plan(lookup_hits: float, head_hits: float) -> list[int]:
+    def plan(lookup_hits: float, head_hits: float, lookup_accepted: tuple[int, ...] = ()) -> list[int]:
         policy = AdaptiveK(StepCosts({1: 0.01, 8: 0.012, 16: 0.02}), max_k=8, draft_cost_per_token=0.001)
-        for _ in range(30):
-            policy.observe(8, round(8 * lookup_hits), AdaptiveK.bucket_of(lookup.match_len))
+        for i in range(30):
+            accepted = lookup_accepted[i % len(lookup_accepted)] if lookup_accepted else round(8 * lookup_hits)
+            policy.observe(8, accepted, AdaptiveK.bucket_of(lookup.match_len))
             policy.observe(8, round(8 * head_hits), 0)
         (drafted, draft), = choose_drafts([seq], policy, False, None, 8, 4096, hybrid=True).values()
         assert draft.match_len == (lookup.match_len if drafted[:1] == [11] else 0)
         return drafted
 
     assert plan(lookup_hits=1.0, head_hits=0.5)[:2] == [11, 12]
+    # a long match accepted most of the time drafts even where the head's rate looks higher
+    # (its first token accepted 2 times in 3, never the third: by rates alone, the head)
+    assert plan(0.0, head_hits=1.0, lookup_accepted=(2, 2, 0))[:2] == [11, 12]
     from_head = plan(lookup_hits=0.0, head_hits=1.0)
     assert from_head and from_head == state.model_draft(len(from_head)).tokens
 

@@ -1,0 +1,130 @@
+"""The int8 twin drafter (`drafter="twin"`, `"hybrid-twin"`): the target's own int8 weights
+draft in the request's KV blocks, and the output stays the exact target's, token for token,
+alone and batched (bf16 on the CPU kernels: a row's logits do not depend on the rows verified
+with it, so there are no near-ties to excuse)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from agentrt.engine import NativeEngine, SamplingParams, complete
+from agentrt.engine.drafters.base import DraftSampling
+from agentrt.engine.drafters.twin import TwinDrafter
+from agentrt.engine.llama import SeqRows
+from random_models import qwen_like
+
+PROMPT_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "prompts"
+PROMPTS = [json.loads(line) for name in ("agent_code", "chat")
+           for line in (PROMPT_DIR / f"{name}.jsonl").read_text().splitlines() if line.strip()][::5]
+
+
+def _outputs(engine, params, together: bool) -> list[list[int]]:
+    async def one(p):
+        return (await complete(engine, p["messages"], params)).token_ids
+
+    async def go():
+        if together:
+            return list(await asyncio.gather(*(one(p) for p in PROMPTS)))
+        return [await one(p) for p in PROMPTS]
+
+    return asyncio.run(go())
+
+
+@pytest.fixture(scope="module")
+def plain_outputs():
+    engine = NativeEngine(drafter=None, max_seq_len=2048)
+    if engine.model.ops is None:
+        engine.close()
+        pytest.skip("no AVX2 / C compiler here: no int8 twin")
+    try:
+        yield _outputs(engine, SamplingParams(max_tokens=24), together=False)
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("drafter", ["twin", "hybrid-twin"])
+def test_twin_drafts_give_the_plain_output_alone_and_batched(plain_outputs, drafter):
+    # 16-position blocks: drafts of 6 cross block boundaries (the scratch block in use)
+    engine = NativeEngine(drafter=drafter, draft_tokens=6, block_size=16, max_seq_len=2048)
+    try:
+        params = SamplingParams(max_tokens=24)
+        assert _outputs(engine, params, together=False) == plain_outputs
+        assert _outputs(engine, params, together=True) == plain_outputs
+        m = engine.metrics()
+        assert m.draft_tokens > 0 and m.acceptance_rate > 0.8, m.to_dict()
+    finally:
+        engine.close()
+
+
+def test_adaptive_k_starts_from_the_twins_acceptance_prior():
+    engine = NativeEngine(drafter="hybrid-twin", max_seq_len=2048)
+    try:
+        if engine.model.ops is None:
+            pytest.skip("no CPU kernels")
+        policy = engine._policy_for()
+        assert policy.accept(0)[0] == TwinDrafter.acceptance_prior  # model drafts
+        assert policy.accept(1)[0] == policy.prior                   # lookups keep theirs
+    finally:
+        engine.close()
+
+
+def test_sampled_requests_draft_from_the_twins_distribution():
+    # no prefix cache: a second request would start decoding at once from the cached prompt
+    # (with drafts where the first ran a prefill), a different but equally valid sample
+    engine = NativeEngine(drafter="twin", draft_tokens=4, max_seq_len=2048, prefix_cache=False)
+    try:
+        if engine.model.ops is None:
+            pytest.skip("no CPU kernels")
+        params = SamplingParams(max_tokens=24, temperature=0.8, top_k=40, seed=3)
+        out = asyncio.run(complete(engine, PROMPTS[0]["messages"], params))
+        assert len(out.token_ids) > 0 and engine.metrics().accepted_tokens > 0
+        again = asyncio.run(complete(engine, PROMPTS[0]["messages"], params))
+        assert again.token_ids == out.token_ids  # the same seed: the same sample
+    finally:
+        engine.close()
+
+
+def test_a_shared_block_is_never_written():
+    engine = NativeEngine(drafter="twin", draft_tokens=4, block_size=16, max_seq_len=256)
+    try:
+        if engine.model.ops is None:
+            pytest.skip("no CPU kernels")
+        drafter, pool = engine.drafter, engine.pool
+        block = pool.allocate()
+
+        class Request:  # decoding its 21st token: position 20 sits in its second block
+            tokens = list(range(100, 121))
+            computed = 20
+            blocks = [pool.allocate(), block]
+
+        with torch.inference_mode():  # the target's keys and values of positions 0..19
+            engine.model(torch.tensor(Request.tokens[:20]),
+                         [SeqRows(0, 20, torch.tensor(Request.blocks, dtype=torch.int32))], pool)
+        state = drafter.begin(Request.tokens)
+        state.attach(Request)
+        assert len(state.draft(4).tokens) == 4
+        sampled = drafter.begin(Request.tokens, DraftSampling(0.8, 40, 1.0, torch.Generator().manual_seed(0)))
+        sampled.attach(Request)
+        draft = sampled.draft(3)  # sampled from the twin's distribution, which it reports
+        assert draft.probs.shape == (3, engine.model.vocab_size)
+        assert torch.allclose(draft.probs.sum(-1), torch.ones(3))
+        assert all(draft.probs[i, t] > 0 for i, t in enumerate(draft.tokens))
+        assert all(int((row > 0).sum()) <= 40 for row in draft.probs)  # top-k applied
+        pool.take([block])  # now another request holds it too
+        before = [k[block].view(torch.int16).clone() for k, _ in pool.caches]  # bits: NaN-safe
+        assert state.draft(4).tokens == []
+        assert all(torch.equal(k[block].view(torch.int16), b) for (k, _), b in zip(pool.caches, before))
+    finally:
+        engine.close()
+
+
+def test_the_twin_is_refused_where_it_cannot_run():
+    with pytest.raises(ValueError, match="int8 twin of an exact target; this engine's precision is 'int8'"):
+        NativeEngine(drafter="twin", precision="int8", max_seq_len=256)
+    with pytest.raises(ValueError, match="needs the model's GGUF blocks"):
+        qwen_like().int8_twin()
