@@ -182,10 +182,13 @@ class KVPool:
                 del self._children[chain]
 
     def forget(self) -> None:
-        """Empty the prefix index: every block becomes free (only while no block is in use)."""
-        if self.in_use():
-            raise ValueError(f"cannot empty the prefix index: {self.in_use()} blocks are in use")
-        self._free = list(range(self.num_blocks - 1, -1, -1))
+        """Empty the prefix index: every block not in use becomes free (only while no indexed
+        block is in use; a block held outside the index, such as a drafter's scratch block,
+        stays its holder's)."""
+        held = [b for b in self._meta if self._ref[b] > 0]
+        if held:
+            raise ValueError(f"cannot empty the prefix index: {len(held)} indexed blocks are in use")
+        self._free = [b for b in range(self.num_blocks - 1, -1, -1) if self._ref[b] == 0]
         self._unused.clear()
         self._full.clear()
         self._children.clear()
