@@ -17,7 +17,7 @@ import sys
 
 import torch
 
-from .tree_drafts import best_of
+from agentrt.engine.drafters.base import best_time
 
 ROWS = (1, 2, 4, 8, 13, 64, 512)
 
@@ -40,7 +40,7 @@ def matmul_times(ops, matrices, rows: int, repeats: int) -> tuple[dict[bool, flo
         for vnni in (False, True):
             ops.use_vnni(vnni)
             run = lambda: [ops.int8_linear(inputs[k], m) for m, k in matrices]  # noqa: E731
-            times[vnni] = min(times[vnni], best_of(lambda: [run() for _ in range(passes)], 1) / passes)
+            times[vnni] = min(times[vnni], best_time(lambda: [run() for _ in range(passes)], 1) / passes)
             outputs[vnni] = run()
     same = all(torch.equal(a, b) for a, b in zip(outputs[False], outputs[True]))
     return times, same
@@ -58,9 +58,9 @@ def forward_times(ops, model, prefill: int, repeats: int) -> dict[str, dict[bool
         for _ in range(repeats):
             for vnni in (False, True):
                 ops.use_vnni(vnni)
-                t = best_of(lambda: model(ids[:prefill], [SeqRows(0, prefill, table)], pool), 1)
+                t = best_time(lambda: model(ids[:prefill], [SeqRows(0, prefill, table)], pool), 1)
                 out["prefill"][vnni] = min(out["prefill"].get(vnni, t), t)
-                t = best_of(lambda: model(ids[prefill:], [SeqRows(prefill, 1, table)], pool), 3)
+                t = best_time(lambda: model(ids[prefill:], [SeqRows(prefill, 1, table)], pool), 3)
                 out["step"][vnni] = min(out["step"].get(vnni, t), t)
     return out
 

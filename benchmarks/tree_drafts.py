@@ -30,13 +30,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+from agentrt.engine.drafters.base import best_time
 
 from .engine_common import load_prompts
 
@@ -112,16 +113,6 @@ def ranks_along(top: torch.Tensor, tokens: torch.Tensor, prompt_len: int) -> tor
     return torch.where(top[..., 0] >= 0, ranks, -1)
 
 
-def best_of(fn, repeats: int) -> float:
-    """The shortest of ``repeats`` timed calls of ``fn``, in seconds."""
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
 def verify_costs(model, layers: Sequence[int], context: int, sizes: Sequence[int], repeats: int
                  ) -> dict[int, float]:
     """Seconds of one target forward over ``n`` new tokens after ``context`` cached ones, with
@@ -137,7 +128,7 @@ def verify_costs(model, layers: Sequence[int], context: int, sizes: Sequence[int
         model(ids[:context], [SeqRows(0, context, table)], pool, capture=layers)
         for n in sizes:
             part = ids[context:context + n]
-            out[n] = best_of(lambda: model(part, [SeqRows(context, n, table)], pool,
+            out[n] = best_time(lambda: model(part, [SeqRows(context, n, table)], pool,
                                            logit_rows=torch.arange(n), capture=layers), repeats)
     return out
 
@@ -161,7 +152,7 @@ def head_costs(head, embed: torch.Tensor, sizes: Sequence[int], context: int, re
             head.logits(o).topk(4, dim=-1)
 
         for m in sizes:
-            out[m] = best_of(lambda: step(m), repeats)
+            out[m] = best_time(lambda: step(m), repeats)
     return out
 
 

@@ -11,7 +11,6 @@ own guesses at the next step.
 from __future__ import annotations
 
 import copy
-import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
@@ -21,7 +20,7 @@ import torch.nn.functional as F
 from agentrt.kernels import probs_from_logits, sample
 
 from ..eagle.head import DraftHead, HeadCache
-from .base import Draft, DraftSampling, common_prefix
+from .base import Draft, DraftSampling, best_time, common_prefix
 
 
 class EagleDrafter:
@@ -76,15 +75,14 @@ class EagleDrafter:
                 cache = HeadCache.empty(c, 128)
                 h = torch.zeros(64, c.hidden_size)
                 self.head.extend(cache, h, h)
-                best = float("inf")
-                for _ in range(5):
+
+                def step() -> None:
                     cache.length = 64
-                    start = time.perf_counter()
                     with one_thread():
                         out = self.head.extend(cache, h[:1], self.embed[:1].float())
                         int(self.head.logits(out).argmax())
-                    best = min(best, time.perf_counter() - start)
-            self._cost = best
+
+                self._cost = best_time(step)
         return self._cost
 
     def remember(self, token_ids: Sequence[int]) -> None:

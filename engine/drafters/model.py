@@ -9,7 +9,6 @@ still valid.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 
 import torch
@@ -17,7 +16,7 @@ import torch
 from agentrt.kernels import probs_from_logits, sample
 
 from ..llama import SequenceCache, Transformer, synchronize
-from .base import Draft, DraftSampling
+from .base import Draft, DraftSampling, best_time
 
 
 class ModelDrafter:
@@ -48,18 +47,12 @@ class ModelDrafter:
         """Seconds of one single-token forward of the draft model (best of 5, measured once at
         a short context; its cache is left for the next request to refill)."""
         if self._cost is None:
-            best = float("inf")
             device = self.model.device
             with torch.inference_mode():
                 self.cache(torch.zeros(1, 64, dtype=torch.long, device=device), 0, "last")
                 token = torch.zeros(1, 1, dtype=torch.long, device=device)
-                for _ in range(5):
-                    start = time.perf_counter()
-                    self.cache(token, 64, "last")
-                    synchronize(device)
-                    best = min(best, time.perf_counter() - start)
+                self._cost = best_time(lambda: (self.cache(token, 64, "last"), synchronize(device)))
             self.cached.clear()
-            self._cost = best
         return self._cost
 
     def remember(self, token_ids: Sequence[int]) -> None:

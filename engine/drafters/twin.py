@@ -12,7 +12,6 @@ step.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
@@ -21,7 +20,7 @@ import torch
 from agentrt.kernels import probs_from_logits, sample
 
 from ..llama import SeqRows, Transformer
-from .base import Draft, DraftSampling
+from .base import Draft, DraftSampling, best_time
 
 if TYPE_CHECKING:
     from ..kv_cache import KVPool
@@ -72,13 +71,8 @@ class TwinDrafter:
             with torch.inference_mode():
                 self.model(torch.zeros(64, dtype=torch.long), [SeqRows(0, 64, table)], pool,
                            torch.tensor([63]))
-                best = float("inf")
-                for _ in range(5):
-                    start = time.perf_counter()
-                    int(self.model(torch.zeros(1, dtype=torch.long), [SeqRows(64, 1, table)],
-                                   pool)[0].argmax())
-                    best = min(best, time.perf_counter() - start)
-            self._cost = best
+                self._cost = best_time(lambda: int(self.model(
+                    torch.zeros(1, dtype=torch.long), [SeqRows(64, 1, table)], pool)[0].argmax()))
         return self._cost
 
     def remember(self, token_ids: Sequence[int]) -> None:
