@@ -49,7 +49,7 @@ from agentrt.demo import REVIEWS
 
 from .engine_common import VLLM_SYSTEMS, child_env, load_prompts, write_results
 
-NATIVE = ("plain", "ngram", "suffix", "draft")
+NATIVE = ("plain", "ngram", "suffix", "draft", "eagle", "hybrid", "twin", "hybrid-twin")
 RULES = "\n".join(f"Rule {i}: when the input mentions item {i}, answer with the code word "
                   f"alpha-{i * 7 % 13} and nothing else." for i in range(40))
 
@@ -243,11 +243,15 @@ def run(args, systems: list[str], sets: list[str], make_engine) -> int:
     if not levels or levels[0] < 1:
         print("engine bench: --concurrency needs positive integers, e.g. 1,2,4,8,16", file=sys.stderr)
         return 2
+    skipped = [s for s in systems if s not in (*NATIVE, *VLLM_SYSTEMS)]
     systems = [s for s in systems if s in (*NATIVE, *VLLM_SYSTEMS)]
     if not systems:
         print(f"engine bench: --concurrency runs {', '.join((*NATIVE, *VLLM_SYSTEMS))}; "
               "none of those was asked for", file=sys.stderr)
         return 2
+    if skipped:
+        print(f"engine bench: --concurrency skips {', '.join(skipped)} (it runs "
+              f"{', '.join((*NATIVE, *VLLM_SYSTEMS))})", file=sys.stderr)
     failed: dict[str, str] = {}
     load_before = os.getloadavg()
     if len(systems) == 1:

@@ -39,7 +39,7 @@ def test_a_list_without_a_native_system_runs_and_reports(tmp_path, capsys):
         built.append((system, options))
         return NativeEngine(model=str(path), dtype="bf16", threads=1, max_seq_len=2048)
 
-    code = engine_concurrency.run(_args(tmp_path), ["vllm"], ["agent_code"], make_engine)
+    code = engine_concurrency.run(_args(tmp_path), ["llamacpp", "vllm"], ["agent_code"], make_engine)
     assert code == 0
     assert built == [("vllm", {})]  # no prefix-scenario engines: those are for native systems
     results = _results(tmp_path)
@@ -48,7 +48,9 @@ def test_a_list_without_a_native_system_runs_and_reports(tmp_path, capsys):
     assert [lv["concurrency"] for lv in table] == [1, 2]
     assert all(lv["tokens"] > 0 and lv["aggregate_decode_tok_s"] > 0 for lv in table)
     assert results["results"]["scenarios"] == {}
-    assert "| vllm | 2 |" in capsys.readouterr().out
+    out = capsys.readouterr()
+    assert "| vllm | 2 |" in out.out
+    assert "--concurrency skips llamacpp (it runs plain, " in out.err  # said, not silently dropped
 
 
 def test_no_runnable_system_is_a_clear_error(tmp_path, capsys):
