@@ -65,6 +65,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -570,6 +571,15 @@ def schedule(systems: list[str], repeats: int) -> list[str]:
     return order
 
 
+def _per_system(runs: list[Run], value: Callable[[Run], float]) -> dict[str, list[float]]:
+    """``value`` of each run, by system, the anchor's runs left out."""
+    by_system: dict[str, list[float]] = {}
+    for run in runs:
+        if run.system != ANCHOR:
+            by_system.setdefault(run.system, []).append(value(run))
+    return by_system
+
+
 @dataclass(frozen=True)
 class AnchorCheck:
     """Whether llama.cpp's standalone decode speed held still over the invocation: its runs'
@@ -602,11 +612,8 @@ class AnchorCheck:
         / fastest anchor run, fastest run / slowest anchor run)``. Every run of the system was
         at least the low bound times every anchor run, however the load moved."""
         top, bottom = max(self.speeds), min(self.speeds)
-        by_system: dict[str, list[float]] = {}
-        for run in runs:
-            if run.system != ANCHOR:
-                by_system.setdefault(run.system, []).append(run.decode_tok_s)
-        return {system: (min(v) / top, max(v) / bottom) for system, v in by_system.items()
+        return {system: (min(v) / top, max(v) / bottom)
+                for system, v in _per_system(runs, lambda r: r.decode_tok_s).items()
                 if top > 0 and bottom > 0}
 
     @staticmethod
@@ -615,12 +622,9 @@ class AnchorCheck:
         ``(fastest anchor run / slowest run, slowest anchor run / fastest run)`` of the mean
         prefill seconds."""
         anchor = [run.prefill_s for run in runs if run.system == ANCHOR]
-        by_system: dict[str, list[float]] = {}
-        for run in runs:
-            if run.system != ANCHOR:
-                by_system.setdefault(run.system, []).append(run.prefill_s)
         return {system: (min(anchor) / max(v), max(anchor) / min(v))
-                for system, v in by_system.items() if anchor and min(v) > 0}
+                for system, v in _per_system(runs, lambda r: r.prefill_s).items()
+                if anchor and min(v) > 0}
 
     @classmethod
     def of(cls, runs: list[Run], tolerance: float) -> "AnchorCheck | None":

@@ -243,15 +243,16 @@ def run(args, systems: list[str], sets: list[str], make_engine) -> int:
     if not levels or levels[0] < 1:
         print("engine bench: --concurrency needs positive integers, e.g. 1,2,4,8,16", file=sys.stderr)
         return 2
-    skipped = [s for s in systems if s not in (*NATIVE, *VLLM_SYSTEMS)]
-    systems = [s for s in systems if s in (*NATIVE, *VLLM_SYSTEMS)]
+    runnable = (*NATIVE, *VLLM_SYSTEMS)
+    skipped = [s for s in systems if s not in runnable]
+    systems = [s for s in systems if s in runnable]
     if not systems:
-        print(f"engine bench: --concurrency runs {', '.join((*NATIVE, *VLLM_SYSTEMS))}; "
+        print(f"engine bench: --concurrency runs {', '.join(runnable)}; "
               "none of those was asked for", file=sys.stderr)
         return 2
     if skipped:
         print(f"engine bench: --concurrency skips {', '.join(skipped)} (it runs "
-              f"{', '.join((*NATIVE, *VLLM_SYSTEMS))})", file=sys.stderr)
+              f"{', '.join(runnable)})", file=sys.stderr)
     failed: dict[str, str] = {}
     load_before = os.getloadavg()
     if len(systems) == 1:

@@ -6,8 +6,8 @@ bf16-weight matmul (and its twin reading GGUF blocks, see `agentrt.engine.packed
 the SiLU gate, RoPE + KV-cache store and causal attention over a paged cache, and
 `decode_layers_paged`, which runs a whole step's layers through them in one call;
 ``csrc/int8_ops.c`` adds the integer matmul of int8-quantised activations against the GGUF
-blocks (`CpuOps.int8_linear`; with AVX512-VNNI kernels where the CPU has them). The sources (`_SOURCES`) are compiled once with gcc
-(``_GCC_FLAGS``) into one library in the agentrt home, cached by their content and the flags;
+blocks (`CpuOps.int8_linear`; with AVX512-VNNI kernels where the CPU has them). The sources
+(`_SOURCES`) are compiled once with gcc (``_GCC_FLAGS``) into one library in the agentrt home, cached by their content and the flags;
 where that is impossible (no AVX2, no gcc, ``AGENTRT_CPU_KERNEL=0``) `cpu_ops` returns None and
 plain torch ops run instead.
 """

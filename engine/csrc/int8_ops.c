@@ -172,7 +172,6 @@ static const group_fn VNNI_GROUPS[2][9] = {
     {0, q8_0_vnni_1, q8_0_vnni_2, q8_0_vnni_3, q8_0_vnni_4, q8_0_vnni_5, q8_0_vnni_6, q8_0_vnni_7, q8_0_vnni_8},
 };
 static const group_fn (*GROUPS)[9] = AVX2_GROUPS;
-static int ROWS = 4;
 
 /* Which group kernels run: mode 1 the VNNI ones where the CPU has AVX512-VNNI (else AVX2), 0
    the AVX2 ones, -1 asks. Returns 1 when the VNNI kernels are in use. The AVX2 ones run until
@@ -181,7 +180,6 @@ int int8_vnni(int mode) {
     if (mode >= 0)
         GROUPS = mode && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl")
                      ? VNNI_GROUPS : AVX2_GROUPS;
-    ROWS = GROUPS == VNNI_GROUPS ? 8 : 4;
     return GROUPS == VNNI_GROUPS;
 }
 
@@ -199,12 +197,13 @@ static void q8_blocks_job(void *ctx, int t, int T) {
     const Q8Job *j = (const Q8Job *)ctx;
     const int64_t M = j->M, N = j->N, K = j->K, nb = K / 32;
     const int64_t group_bytes = nb * (j->kind == 0 ? 160 : 272), groups = (N + 7) / 8;
+    const int rows = GROUPS == VNNI_GROUPS ? 8 : 4;  /* activation rows a pass: the kernels' most */
     int64_t g0, g1;
     team_share(groups, t, T, &g0, &g1);
     for (int64_t G = g0; G < g1; G++) {
         const int64_t n0 = G * 8, valid = N - n0 < 8 ? N - n0 : 8;
-        for (int64_t m0 = 0; m0 < M; m0 += ROWS) {
-            const int R = M - m0 < ROWS ? (int)(M - m0) : ROWS;
+        for (int64_t m0 = 0; m0 < M; m0 += rows) {
+            const int R = M - m0 < rows ? (int)(M - m0) : rows;
             __m256 acc[8];
             GROUPS[j->kind][R](j->w + G * group_bytes, nb, j->q + m0 * K, j->d + m0 * nb,
                                j->sx + m0 * nb, K, acc);
