@@ -440,9 +440,12 @@ def markdown(results: dict, meta: dict) -> str:
         a = scen.get("agent_rlm")
         if a:
             q, p = a["sequential"], a["speculative"]
+            ratio = (f"**{a['speedup']:.2f}x**" if a.get("speedup") is not None else
+                     f"no ratio: a run ended without an answer (sequential {q['status']}, "
+                     f"speculative {p['status']})")
             lines.append(f"- agent (RLM task, `llm_query` on the same engine at priority 1): "
                          f"sequential tools {q['wall_s']:.2f}s, speculative {p['wall_s']:.2f}s "
-                         f"(**{a['speedup']:.2f}x**), tool calls {q['tool_calls']} / {p['tool_calls']}, "
+                         f"({ratio}), tool calls {q['tool_calls']} / {p['tool_calls']}, "
                          f"early hits {p['early_hits']}, same answer: {a['same_answer']} "
                          f"({p['answer'][:80]})")
         lines.append("")
@@ -496,9 +499,16 @@ async def agent_run(engine_factory) -> dict[str, Any]:
                 "mean_batch": engine.batch_metrics().mean_batch}
         finally:
             await engine.aclose()
-    out["same_answer"] = out["sequential"]["answer"] == out["speculative"]["answer"]
-    out["speedup"] = out["sequential"]["wall_s"] / out["speculative"]["wall_s"]
+    out.update(agent_summary(out["sequential"], out["speculative"]))
     return out
+
+
+def agent_summary(sequential: dict[str, Any], speculative: dict[str, Any]) -> dict[str, Any]:
+    """Whether both runs gave the same answer, and the speedup only where both finished with
+    one (status ``final``, an answer that is not None): a ratio over failed runs means nothing."""
+    finished = all(r["status"] == "final" and r["answer"] != "None" for r in (sequential, speculative))
+    return {"same_answer": sequential["answer"] == speculative["answer"], "finished": finished,
+            "speedup": sequential["wall_s"] / speculative["wall_s"] if finished else None}
 
 
 if __name__ == "__main__":

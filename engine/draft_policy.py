@@ -210,7 +210,7 @@ class AdaptiveK:
 
 
 def plan_draft_lengths(chains: list[list[float]], base_tokens: int, base_rows: int,
-                       cost: Callable[[int], float]) -> list[int]:
+                       cost: Callable[[int], float], draft_cost: float = 0.0) -> list[int]:
     """Draft lengths for the sequences of one batched step, chosen together.
 
     ``chains[i][j]``: the estimated probability that sequence i's draft tokens 0..j are all
@@ -220,12 +220,23 @@ def plan_draft_lengths(chains: list[list[float]], base_tokens: int, base_rows: i
     second is a prefix of all candidate rows sorted by that probability (each sequence's rows
     in order), so this tries every prefix: at a small batch drafting is nearly free and long
     drafts pay; at a large one each row costs almost a full row of compute and only the likely
-    ones are kept."""
+    ones are kept. ``draft_cost`` (model drafts): seconds of a one-row draft forward; the
+    drafts of one position run as one batched forward, charged as the target's forward over as
+    many rows is (``draft_cost * cost(n) / cost(1)``)."""
     candidates = sorted(((p, i) for i, chain in enumerate(chains) for p in chain), reverse=True)
     best_m, best_rate, tokens = 0, base_tokens / cost(base_rows), float(base_tokens)
-    for m, (p, _) in enumerate(candidates, start=1):
+    drafted, at_depth, drafting, one = [0] * len(chains), [], 0.0, cost(1)
+    for m, (p, i) in enumerate(candidates, start=1):
         tokens += p
-        rate = tokens / cost(base_rows + m)
+        if draft_cost:
+            depth = drafted[i]
+            drafted[i] += 1
+            if depth == len(at_depth):
+                at_depth.append(0)
+            n = at_depth[depth]
+            drafting += draft_cost * (cost(n + 1) - (cost(n) if n else 0.0)) / one
+            at_depth[depth] = n + 1
+        rate = tokens / (cost(base_rows + m) + drafting)
         if rate > best_rate:
             best_m, best_rate = m, rate
     lengths = [0] * len(chains)
@@ -234,39 +245,48 @@ def plan_draft_lengths(chains: list[list[float]], base_tokens: int, base_rows: i
     return lengths
 
 
-def _model_plan(make_draft, k: int) -> tuple[list[int], Draft]:
-    """A model draft of ``k`` tokens (none when ``k`` is 0)."""
-    draft = make_draft(k) if k > 0 else Draft([])
-    return draft.tokens[:k], draft
+def _chain(accept: list[float], limit: int) -> list[float]:
+    """Probabilities that the first 1, 2, ... ``limit`` draft tokens are all accepted."""
+    chain, p = [], 1.0
+    for a in accept[:limit]:
+        p *= a
+        chain.append(p)
+    return chain
 
 
 def choose_drafts(decoding: list[RequestState], policy: AdaptiveK | None, lookup: bool,
-                  fixed_k: int | None, max_k: int, max_seq_len: int, hybrid: bool = False
+                  fixed_k: int | None, max_k: int, max_seq_len: int, hybrid: bool = False,
+                  draft_many: Callable[[list, list[int]], list[Draft]] | None = None
                   ) -> dict[RequestState, tuple[list[int], Draft]]:
     """Each decoding sequence's draft for this step: ``(the tokens to verify, the whole
     draft)``. Without ``policy``, ``fixed_k`` tokens. Model drafts (``lookup`` False) cost a
-    forward per token, so k is chosen first (`AdaptiveK.choose`); lookups are cheap, so every
-    match is drafted first and the k's are chosen together (`plan_draft_lengths`): the most
-    urgent requests as if alone (less urgent rows must not make the urgent stream draft less),
-    the others around what those use. ``hybrid`` (a state with ``lookup_draft`` and
-    ``model_draft``): per sequence, the lookup's draft when it matched 4 or more tokens and such
-    matches are mostly accepted (the first token at least half the time), or when its best
-    expected tokens per second (acceptance of its match length, no draft cost) is at least the
-    model's (acceptance of model drafts, the model's cost per token); else the model's.
-    (Comparing rates alone, a model drafter accepted nearly always, the int8 twin, took steps
-    from long lookups: `hybrid-twin` fell below `suffix` on agent code.)"""
+    forward per token, so k is chosen before drafting: for one sequence as `AdaptiveK.choose`
+    says, for several together (`plan_draft_lengths` with the drafter's cost), since
+    ``draft_many`` (the drafter's, where it has one) drafts them all with one batched forward
+    per position. Lookups are cheap, so every match is drafted first and the k's are chosen
+    together. Either way the most urgent requests plan as if alone (less urgent rows must not
+    make the urgent stream draft less), the others around what those use. ``hybrid`` (a state
+    with ``lookup_draft`` and ``model_draft``): per sequence, the lookup's draft when it
+    matched 4 or more tokens and such matches are mostly accepted (the first token at least
+    half the time), or when its best expected tokens per second (acceptance of its match
+    length, no draft cost) is at least the model's (acceptance of model drafts, the model's
+    cost per token); else the model's. (Comparing rates alone, a model drafter accepted nearly
+    always, the int8 twin, took steps from long lookups: `hybrid-twin` fell below `suffix` on
+    agent code.)"""
     if policy is not None:
         policy.next_step()
     plans: dict[RequestState, tuple[list[int], Draft]] = {}
     lookups: list[tuple[RequestState, Draft]] = []
+    models: dict[RequestState, int] = {}  # model drafts: the most tokens each may take
     for seq in decoding:
         room = min(seq.params.max_tokens - seq.produced - 1, max_seq_len - seq.computed - 1)
-        draft = Draft([])
         if seq.state is None or room <= 0:
-            plans[seq] = ([], draft)
-        elif policy is None:
+            plans[seq] = ([], Draft([]))
+        elif policy is None and (lookup or hybrid):
             draft = seq.state.draft(min(fixed_k, room))
             plans[seq] = (draft.tokens[:min(fixed_k, room)], draft)
+        elif policy is None:
+            models[seq] = min(fixed_k, room)
         elif hybrid:
             found = seq.state.lookup_draft(min(room, max_k))
             bucket = AdaptiveK.bucket_of(found.match_len)
@@ -275,30 +295,49 @@ def choose_drafts(decoding: list[RequestState], policy: AdaptiveK | None, lookup
                                  >= policy.best_rate(room, 0)):
                 lookups.append((seq, found))
             else:
-                plans[seq] = _model_plan(seq.state.model_draft, policy.choose(room))
-        elif not lookup:  # model drafts cost a forward per token: choose k first
-            plans[seq] = _model_plan(seq.state.draft, policy.choose(room))
-        else:  # lookups are cheap: see every match, then choose the k's together
+                models[seq] = room
+        elif not lookup:
+            models[seq] = room
+        else:
             lookups.append((seq, seq.state.draft(min(room, max_k))))
-    urgent = min((seq.priority for seq in decoding), default=0)
-    groups = [[x for x in lookups if x[0].priority == urgent],
-              [x for x in lookups if x[0].priority != urgent]]
-    first_rows = sum(1 for seq in decoding if seq.priority == urgent)
-    rows = first_rows
-    for group, tokens in zip(groups, (first_rows, len(decoding) - first_rows)):
-        if not group:
-            continue
-        chains = []
-        for _, draft in group:
-            accept, chain, p = policy.accept(AdaptiveK.bucket_of(draft.match_len)), [], 1.0
-            for a in accept[:len(draft.tokens)]:
-                p *= a
-                chain.append(p)
-            chains.append(chain)
-        base = rows if group is groups[0] else rows + tokens
-        lengths = plan_draft_lengths(chains, max(tokens, 1), base, policy.costs)
-        for (seq, draft), k in zip(group, lengths):
-            k = policy.probe(k, len(draft.tokens), AdaptiveK.bucket_of(draft.match_len))
+    model_k = dict(models) if policy is None else {}
+    if policy is not None:
+        urgent = min((seq.priority for seq in decoding), default=0)
+        first_rows = sum(1 for seq in decoding if seq.priority == urgent)
+        rows = first_rows
+        for tokens, is_urgent in ((first_rows, True), (len(decoding) - first_rows, False)):
+            group = [seq for seq in models if (seq.priority == urgent) == is_urgent]
+            if len(models) == 1 and group:
+                model_k[group[0]] = policy.choose(models[group[0]])
+            elif group:
+                base = rows if is_urgent else rows + tokens
+                chains = [_chain(policy.accept(0), min(models[seq], policy.max_k)) for seq in group]
+                lengths = plan_draft_lengths(chains, max(tokens, 1), base, policy.costs,
+                                             policy.draft_cost)
+                for seq, k in zip(group, lengths):
+                    model_k[seq] = policy.probe(k, min(models[seq], policy.max_k))
+            rows += sum(model_k.get(seq, 0) for seq in group)
+            looks = [x for x in lookups if (x[0].priority == urgent) == is_urgent]
+            if not looks:
+                continue
+            chains = [_chain(policy.accept(AdaptiveK.bucket_of(d.match_len)), len(d.tokens))
+                      for _, d in looks]
+            base = rows if is_urgent else rows + tokens
+            lengths = plan_draft_lengths(chains, max(tokens, 1), base, policy.costs)
+            for (seq, draft), k in zip(looks, lengths):
+                k = policy.probe(k, len(draft.tokens), AdaptiveK.bucket_of(draft.match_len))
+                plans[seq] = (draft.tokens[:k], draft)
+                rows += k
+    drafting = [seq for seq, k in model_k.items() if k > 0]
+    for seq in model_k:
+        plans.setdefault(seq, ([], Draft([])))
+    if drafting:
+        states, ks = [seq.state for seq in drafting], [model_k[seq] for seq in drafting]
+        if draft_many is not None:
+            drafts = draft_many(states, ks)
+        else:
+            one = (lambda s, k: s.model_draft(k)) if hybrid else (lambda s, k: s.draft(k))
+            drafts = [one(s, k) for s, k in zip(states, ks)]
+        for seq, k, draft in zip(drafting, ks, drafts):
             plans[seq] = (draft.tokens[:k], draft)
-            rows += k
     return plans

@@ -406,7 +406,8 @@ class NativeEngine(BaseEngine):
         selection = self.scheduler.select()
         lookup = self.drafter is not None and self.drafter.lookup
         drafts = choose_drafts(selection.decoding, policy, lookup, self.fixed_k, self.max_k,
-                               self.max_seq_len, getattr(self.drafter, "hybrid", False))
+                               self.max_seq_len, getattr(self.drafter, "hybrid", False),
+                               getattr(self.drafter, "draft_many", None))
         t1 = time.perf_counter()
         entries = self.scheduler.rows(selection, drafts)
         if not entries:

@@ -64,7 +64,8 @@ class Drafter(Protocol):
     ``lookup_draft(k)`` and ``model_draft(k)`` and lets `draft_policy.choose_drafts` choose;
     ``acceptance_prior``, the acceptance adaptive k assumes of a model draft before it has seen
     any; a state's ``attach(request)``, for a state that drafts in the request's own KV blocks
-    (the engine hands it the request when it makes the state)."""
+    (the engine hands it the request when it makes the state); ``draft_many(states, ks)``, the
+    model drafts of several requests at once (a step's batch)."""
 
     name: str
     lookup: bool

@@ -41,6 +41,13 @@ class HybridDrafter:
         """The model drafter's cost per drafted token (lookups cost nothing)."""
         return self.model.draft_cost()
 
+    def draft_many(self, states: Sequence[HybridState], ks: Sequence[int]) -> list[Draft]:
+        """The model drafter's drafts of several requests (batched where it can batch them)."""
+        many = getattr(self.model, "draft_many", None)
+        if many is not None:
+            return many([s.model for s in states], ks)
+        return [s.model.draft(k) for s, k in zip(states, ks)]
+
     def remember(self, token_ids: Sequence[int]) -> None:
         self.suffix.remember(token_ids)
 

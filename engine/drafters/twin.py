@@ -75,6 +75,50 @@ class TwinDrafter:
                     torch.zeros(1, dtype=torch.long), [SeqRows(64, 1, table)], pool)[0].argmax()))
         return self._cost
 
+    def draft_many(self, states: Sequence[TwinState], ks: Sequence[int]) -> list[Draft]:
+        """The drafts of several requests (up to ``ks[i]`` tokens for ``states[i]``), one
+        batched twin forward per draft position: the same tokens as drafting each alone (a
+        row's result never depends on the rows beside it), for about the time of one. A
+        request drafts nothing while it is not decoding or where its block at the draft
+        position is shared; the scratch block serves the first request whose drafts run past
+        its blocks, the others stop at the end of theirs."""
+        plans = [None] * len(states)
+        scratch_free = True
+        pool, size = self.pool, self.pool.block_size
+        for i, (state, k) in enumerate(zip(states, ks)):
+            r = state.request
+            if r is None or k <= 0 or r.computed != len(r.tokens) - 1:
+                continue
+            pos = r.computed
+            first = pos // size
+            table = list(r.blocks[:first + 1])
+            if len(table) > first and not pool.exclusive(table[first]):
+                continue
+            if scratch_free and (len(table) <= first or (pos + k - 1) // size > first):
+                table.append(self.scratch)
+                scratch_free = False
+            k = min(k, len(table) * size - pos)
+            if k > 0:
+                plans[i] = (pos, torch.tensor(table, dtype=torch.int32), k, r.tokens[-1])
+        tokens: list[list[int]] = [[] for _ in states]
+        probs: list[list[torch.Tensor]] = [[] for _ in states]
+        depth = max((p[2] for p in plans if p is not None), default=0)
+        with torch.inference_mode():
+            for d in range(depth):
+                live = [i for i, p in enumerate(plans) if p is not None and p[2] > d]
+                last = [tokens[i][-1] if tokens[i] else plans[i][3] for i in live]
+                rows = [SeqRows(plans[i][0] + d, 1, plans[i][1]) for i in live]
+                logits = self.model(torch.tensor(last), rows, pool)
+                for row, i in enumerate(live):
+                    s = states[i].sampling
+                    if s.temperature > 0:
+                        p = probs_from_logits(logits[row], s.temperature, s.top_k, s.top_p)
+                        tokens[i].append(int(sample(p[None], torch.rand(1, generator=s.generator))[0]))
+                        probs[i].append(p)
+                    else:
+                        tokens[i].append(int(logits[row].argmax()))
+        return [Draft(t, torch.stack(p) if p else None) for t, p in zip(tokens, probs)]
+
     def remember(self, token_ids: Sequence[int]) -> None:
         """Ignored: the twin has no corpus."""
         return None
@@ -104,32 +148,7 @@ class TwinState:
     def draft(self, k: int) -> Draft:
         """Up to ``k`` tokens after the request's last one (none while it is not decoding, or
         where its block at the draft position is shared with another request)."""
-        r = self.request
-        if r is None or k <= 0 or r.computed != len(r.tokens) - 1:
-            return Draft([])
-        pool, pos = self.drafter.pool, r.computed
-        size = pool.block_size
-        first = pos // size
-        table = list(r.blocks[:first + 1])
-        if len(table) > first and not pool.exclusive(table[first]):
-            return Draft([])
-        if len(table) <= first or (pos + k - 1) // size > first:
-            table.append(self.drafter.scratch)
-        k = min(k, len(table) * size - pos)
-        blocks = torch.tensor(table, dtype=torch.int32)
-        model, s = self.drafter.model, self.sampling
-        token, tokens, probs = r.tokens[-1], [], []
-        with torch.inference_mode():
-            for i in range(k):
-                logits = model(torch.tensor([token]), [SeqRows(pos + i, 1, blocks)], pool)[0]
-                if s.temperature > 0:
-                    p = probs_from_logits(logits, s.temperature, s.top_k, s.top_p)
-                    token = int(sample(p[None], torch.rand(1, generator=s.generator))[0])
-                    probs.append(p)
-                else:
-                    token = int(logits.argmax())
-                tokens.append(token)
-        return Draft(tokens, torch.stack(probs) if probs else None)
+        return self.drafter.draft_many([self], [k])[0]
 
     def end(self) -> None:
         self.request = None

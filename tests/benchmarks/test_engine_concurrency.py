@@ -90,3 +90,14 @@ def test_native_systems_run_alone_each_in_its_own_process(tmp_path):
     assert set(results["levels"]) >= {"plain", "ngram"}
     assert "multi_turn" in results["scenarios"]["plain"]
     assert "multi_turn" not in results["scenarios"]["ngram"]
+
+
+def test_the_agent_ratio_is_only_given_where_both_runs_answered():
+    def run(status, answer, wall):
+        return {"status": status, "answer": answer, "wall_s": wall}
+
+    ok = engine_concurrency.agent_summary(run("final", "[1, 3]", 4.0), run("final", "[1, 3]", 2.0))
+    assert ok == {"same_answer": True, "finished": True, "speedup": 2.0}
+    for failed in (run("max_turns", "None", 2.0), run("final", "None", 2.0), run("error", "None", 2.0)):
+        summary = engine_concurrency.agent_summary(run("final", "None", 4.0), failed)
+        assert summary["speedup"] is None and not summary["finished"]

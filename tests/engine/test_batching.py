@@ -174,6 +174,20 @@ def test_plan_draft_lengths_drafts_less_as_rows_get_dearer():
     assert plan_draft_lengths(chains, 2, 2, lambda rows: 1.0 + 0.3 * rows) == [3, 0]
 
 
+
+def test_model_drafts_of_a_batch_are_charged_one_draft_forward_per_position():
+    # four requests drafting with a model: one batched draft forward per position costs 0.3
+    # on a flat curve, so one more position for all four (+3.6 tokens) pays; charged 0.3 per
+    # request and position (drafting each alone) it would not: (4 + 3.6) / (1 + 1.2) < 4 / 1
+    chains = [[0.9, 0.81]] * 4
+    flat = lambda rows: 1.0  # noqa: E731
+    assert plan_draft_lengths(chains, 4, 4, flat, draft_cost=0.3) == [2, 2, 2, 2]
+    assert plan_draft_lengths(chains, 4, 4, flat, draft_cost=2.0) == [0, 0, 0, 0]
+    # the first draft row pays for a whole draft forward, the others for what its rows add
+    rising = lambda rows: 1.0 + 0.1 * rows  # noqa: E731
+    assert plan_draft_lengths([[0.99]] * 4, 4, 4, rising, draft_cost=0.3) == [1, 1, 1, 1]
+    assert plan_draft_lengths([[0.99]] * 4, 4, 4, rising, draft_cost=9.0) == [0, 0, 0, 0]
+
 # ------------------------------------------------------------------ engine: identity
 
 async def _solo(engine, prompts, params):

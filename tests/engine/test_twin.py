@@ -129,3 +129,37 @@ def test_the_twin_is_refused_where_it_cannot_run():
         NativeEngine(drafter="twin", precision="int8", max_seq_len=256)
     with pytest.raises(ValueError, match="needs the model's GGUF blocks"):
         qwen_like().int8_twin()
+
+
+def test_drafts_of_several_requests_together_equal_each_alone():
+    engine = NativeEngine(drafter="twin", draft_tokens=4, block_size=16, max_seq_len=256)
+    try:
+        if engine.model.ops is None:
+            pytest.skip("no CPU kernels")
+        drafter, pool = engine.drafter, engine.pool
+
+        def request(tokens: list[int], blocks: int):
+            class Request:
+                pass
+            r = Request()
+            r.tokens, r.computed = tokens, len(tokens) - 1
+            r.blocks = [pool.allocate() for _ in range(blocks)]
+            with torch.inference_mode():  # the target's keys and values of the committed positions
+                engine.model(torch.tensor(tokens[:-1]),
+                             [SeqRows(0, len(tokens) - 1, torch.tensor(r.blocks, dtype=torch.int32))], pool)
+            return r
+
+        # drafts at positions 20.., 13.. (runs into a block it lacks: the scratch block) and
+        # 29.. (runs past its blocks too; together the scratch block is taken: it stops at 31)
+        requests = [request(list(range(200, 221)), 2), request(list(range(300, 314)), 1),
+                    request(list(range(400, 430)), 2)]
+        states = []
+        for r in requests:
+            states.append(drafter.begin(r.tokens))
+            states[-1].attach(r)
+        alone = [s.draft(k).tokens for s, k in zip(states, (5, 4, 4))]
+        together = [d.tokens for d in drafter.draft_many(states, [5, 4, 4])]
+        assert [len(t) for t in alone] == [5, 4, 4]  # alone, each has the scratch block
+        assert together[:2] == alone[:2] and together[2] == alone[2][:3]
+    finally:
+        engine.close()
