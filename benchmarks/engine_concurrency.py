@@ -19,8 +19,8 @@ native systems then run three prefix / priority scenarios:
 - *root + 8 sub-queries*: a root request's decode rate alone, then with 8 sub-queries
   (priority 1, the shared 1K prefix) launched once its first token arrived;
 - *agent*: an RLM-style task whose ``llm_query`` calls go to the same engine as the root
-  (public `Agent` API, sub-queries at priority 1), sequential vs speculative tools: wall time
-  and answers.
+  (public `Agent` API, the root's program scripted, sub-queries at priority 1), sequential vs
+  speculative tools: wall time and answers (a ratio only where both runs answered).
 
 vLLM systems (``vllm``, ``vllm-spec``, in the vLLM virtualenv) take part in the concurrency
 table; the scenarios use native-engine metrics and run on the native systems only.
@@ -443,7 +443,7 @@ def markdown(results: dict, meta: dict) -> str:
             ratio = (f"**{a['speedup']:.2f}x**" if a.get("speedup") is not None else
                      f"no ratio: a run ended without an answer (sequential {q['status']}, "
                      f"speculative {p['status']})")
-            lines.append(f"- agent (RLM task, `llm_query` on the same engine at priority 1): "
+            lines.append(f"- agent (RLM task, scripted root, `llm_query` on the same engine at priority 1): "
                          f"sequential tools {q['wall_s']:.2f}s, speculative {p['wall_s']:.2f}s "
                          f"({ratio}), tool calls {q['tool_calls']} / {p['tool_calls']}, "
                          f"early hits {p['early_hits']}, same answer: {a['same_answer']} "
@@ -465,21 +465,22 @@ AGENT_SYSTEM = (
     "You are a Python agent. Answer with one ```repl code block that uses the list `context` "
     "and the tool `llm_query(prompt)`, which asks a language model one question and returns its "
     "reply, and ends with FINAL(answer).")
-AGENT_EXAMPLE = [
-    {"role": "user", "content": "Which reviews in context are positive?"},
-    {"role": "assistant", "content": (
-        "```repl\nanswers = [llm_query('Is this review positive? Answer yes or no. ' + review) "
-        "for review in context]\nprint(answers)\nFINAL(answers)\n```")},
-]
 AGENT_TASK = "Which reviews in context are negative?"
+AGENT_PROGRAM = (
+    "```repl\nanswers = [llm_query('Is this review negative? Answer yes or no. ' + review) "
+    "for review in context]\nprint(answers)\nFINAL(answers)\n```")
+"""The root's reply, scripted (`ForcedEngine`): the 135M model does not write a working program
+for the task (its runs ended at max_turns without an answer), and a timing of failed runs
+means nothing. Each of its ``llm_query`` calls is the real model's, on the same engine."""
 
 
 async def agent_run(engine_factory) -> dict[str, Any]:
-    """An RLM-style task whose ``llm_query`` calls are served by the same `NativeEngine` as the
-    root (sub-queries at priority 1): tools run when their block is complete, then with the
-    shadow interpreter starting them while the root's reply still streams."""
+    """An RLM-style task whose root reply is scripted (`AGENT_PROGRAM`, streamed through the
+    native engine by teacher forcing) and whose ``llm_query`` calls are served by the same
+    `NativeEngine` (sub-queries at priority 1): tools run when their block is complete, then
+    with the shadow interpreter starting them while the root's reply still streams."""
     from agentrt import Agent
-    from agentrt.engine import SamplingParams
+    from agentrt.engine import ForcedEngine, SamplingParams
 
     out: dict[str, Any] = {}
     for speculative in (False, True):
@@ -487,8 +488,9 @@ async def agent_run(engine_factory) -> dict[str, Any]:
         try:
             await stream_one(engine, "warm", [{"role": "user", "content": "Hi"}],
                              SamplingParams(max_tokens=2))
-            agent = Agent(engine, speculation=speculative, max_turns=2, system_prompt=AGENT_SYSTEM,
-                          examples=AGENT_EXAMPLE, sampling=SamplingParams(max_tokens=160),
+            agent = Agent(ForcedEngine(engine, [AGENT_PROGRAM]), sub_engine=engine,
+                          speculation=speculative, max_turns=1, system_prompt=AGENT_SYSTEM,
+                          sampling=SamplingParams(max_tokens=160),
                           sub_sampling=SamplingParams(max_tokens=24, priority=1))
             start = time.perf_counter()
             result = await agent.run(AGENT_TASK, REVIEWS)

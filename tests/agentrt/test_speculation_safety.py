@@ -291,7 +291,7 @@ def test_identical_calls_of_a_streaming_for_loop_all_launch_before_it_closes():
     # advances by itself: its five identical calls go out before the loop statement closes
     code = ("votes = []\nfor _ in range(5):\n    votes.append(lookup(1))\nn = len(votes)\n"
             "FINAL(votes)")
-    seq, spec = run_both([fence(code)], tps=4, latency=1.0)
+    seq, spec = run_both([fence(code)], tps=8, latency=0.5)
     assert_same(seq, spec)
     events = spec[0].trace.events
     closed = next(e.t for e in events if e.kind == "statement_closed" and e.data["lineno"] == 2)
@@ -334,7 +334,7 @@ def test_loop_with_a_data_dependent_break_launches_at_most_the_window_ahead(wind
 def test_parallel_map_is_launched_whole_before_its_results_arrive():
     code = ("out = []\nfor i in range(16):\n    out.append(lookup(i))\nn = len(out)\n"
             "print('calls', n)\nFINAL(out)")
-    seq, spec = run_both([fence(code)], latency=1.0)
+    seq, spec = run_both([fence(code)], latency=0.3)
     assert_same(seq, spec)
     assert spec[0].stats.launched == 16 and spec[0].stats.hits == 16, spec[0].stats
 

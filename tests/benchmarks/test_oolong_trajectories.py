@@ -17,18 +17,25 @@ from benchmarks.oolong.trajectories import STYLES, TURNS, shape_of, trajectory
 PINNED = [f"{kind}@{scope}" for kind in QUESTION_KINDS for scope in SCOPES_OF.get(kind, ("all",))]
 
 
-async def _run(tasks, styles):
-    results = []
+async def _run(tasks, styles, at_once=4):
+    """Each task's agent run (``at_once`` of them at a time: most of a run is waiting)."""
+    results = [None] * len(tasks)
+    limit = anyio.Semaphore(at_once)
     with SimulatedSubModel(Oracle.from_tasks(tasks)) as sub_model:
-        for task, style in zip(tasks, styles):
-            sub = OpenAIEngine(base_url=f"{sub_model.url}/v1", model="m", server_metrics=False)
-            agent = Agent(ReplayEngine(trajectory(task, style), tokens_per_second=5000),
-                          tools=make_llm_tools(sub, SamplingParams(max_tokens=8192)),
-                          builtin_tools=False, max_turns=6)
-            try:
-                results.append(await agent.run("question", task.context))
-            finally:
-                await sub.aclose()
+        async def one(i):
+            async with limit:
+                sub = OpenAIEngine(base_url=f"{sub_model.url}/v1", model="m", server_metrics=False)
+                agent = Agent(ReplayEngine(trajectory(tasks[i], styles[i]), tokens_per_second=5000),
+                              tools=make_llm_tools(sub, SamplingParams(max_tokens=8192)),
+                              builtin_tools=False, max_turns=6)
+                try:
+                    results[i] = await agent.run("question", tasks[i].context)
+                finally:
+                    await sub.aclose()
+
+        async with anyio.create_task_group() as group:
+            for i in range(len(tasks)):
+                group.start_soon(one, i)
     return results
 
 
