@@ -101,3 +101,16 @@ def test_the_agent_ratio_is_only_given_where_both_runs_answered():
     for failed in (run("max_turns", "None", 2.0), run("final", "None", 2.0), run("error", "None", 2.0)):
         summary = engine_concurrency.agent_summary(run("final", "None", 4.0), failed)
         assert summary["speedup"] is None and not summary["finished"]
+
+
+def test_the_agent_scenario_answers_in_both_modes():
+    # the root's program is scripted, the sub-queries are the real model's on the same engine
+    import anyio
+
+    from agentrt.engine import NativeEngine
+
+    out = anyio.run(engine_concurrency.agent_run, lambda: NativeEngine(drafter=None, max_seq_len=2048))
+    for mode in ("sequential", "speculative"):
+        assert out[mode]["status"] == "final" and out[mode]["tool_calls"] == 6, out[mode]
+    assert out["finished"] and out["same_answer"] and out["speedup"] is not None
+    assert out["speculative"]["early_hits"] == 6
