@@ -446,7 +446,8 @@ def markdown(results: dict, meta: dict) -> str:
             lines.append(f"- agent (RLM task, scripted root, `llm_query` on the same engine at priority 1): "
                          f"sequential tools {q['wall_s']:.2f}s, speculative {p['wall_s']:.2f}s "
                          f"({ratio}), tool calls {q['tool_calls']} / {p['tool_calls']}, "
-                         f"early hits {p['early_hits']}, same answer: {a['same_answer']} "
+                         f"early hits {p['early_hits']}, same answer: "
+                         f"{'n/a' if a['same_answer'] is None else a['same_answer']} "
                          f"({p['answer'][:80]})")
         lines.append("")
     for system, table in results["levels"].items():
@@ -506,10 +507,12 @@ async def agent_run(engine_factory) -> dict[str, Any]:
 
 
 def agent_summary(sequential: dict[str, Any], speculative: dict[str, Any]) -> dict[str, Any]:
-    """Whether both runs gave the same answer, and the speedup only where both finished with
-    one (status ``final``, an answer that is not None): a ratio over failed runs means nothing."""
+    """Whether both runs finished with an answer (status ``final``, not None) and then whether
+    it was the same one and the speedup; None for both where a run failed (failed runs are
+    neither identical nor faster)."""
     finished = all(r["status"] == "final" and r["answer"] != "None" for r in (sequential, speculative))
-    return {"same_answer": sequential["answer"] == speculative["answer"], "finished": finished,
+    return {"finished": finished,
+            "same_answer": sequential["answer"] == speculative["answer"] if finished else None,
             "speedup": sequential["wall_s"] / speculative["wall_s"] if finished else None}
 
 

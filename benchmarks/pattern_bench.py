@@ -83,12 +83,14 @@ def compare(p: Pattern, tps: float, latency: float,
     spec = run_pattern(p, True, tps, latency)
     limit = overlap_limit(spec.trace, seq.trace)
     costs = launch_costs(spec.trace)
+    identical = outcome(seq) == outcome(spec)
+    answered = identical and seq.status == "final" and spec.status == "final"
     row = {
         "pattern": p.name,
         "note": p.note,
         "sequential_s": seq.wall_s,
         "speculative_s": spec.wall_s,
-        "speedup": seq.wall_s / spec.wall_s,
+        "speedup": seq.wall_s / spec.wall_s if answered else None,  # none over failed runs
         "limit_s": limit,
         "efficiency": limit / spec.wall_s,
         "hits": spec.stats.hits,
@@ -97,7 +99,7 @@ def compare(p: Pattern, tps: float, latency: float,
         "retracted": spec.stats.retracted,
         "launched": spec.stats.launched,
         "hidden_s": spec.stats.hidden_s,
-        "identical": outcome(seq) == outcome(spec),
+        "identical": identical,
         "within_bound": spec.wall_s <= seq.wall_s * 1.05 + 0.05,
         "answer": repr(spec.answer)[:80],
         "launch_costs_ms": costs,
@@ -237,11 +239,18 @@ def _spans(trace) -> list[tuple[str, float, float, str]]:
 
 
 def _geomean(values: list[float]) -> float:
+    if not values:
+        return float("nan")
     return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
 
 
 def markdown(rows: list[dict], tps: float, latency: float, peer_note: str | None = None) -> str:
     with_peer = any("peer_identical" in r for r in rows)
+    answered = [r for r in rows if r["speedup"] is not None]
     head = ("| pattern | sequential s | speculative s | speedup | limit s | efficiency | launched "
             "| hits | misses | wasted | retracted | identical | launch p50 ms | first launch ms |")
     if with_peer:
@@ -251,7 +260,7 @@ def markdown(rows: list[dict], tps: float, latency: float, peer_note: str | None
     for r in rows:
         line = (
             f"| {r['pattern']} | {r['sequential_s']:.2f} | {r['speculative_s']:.2f} | "
-            f"{r['speedup']:.2f}x | {r['limit_s']:.2f} | {r['efficiency']:.2f} | "
+            f"{_ratio(r['speedup'])} | {r['limit_s']:.2f} | {r['efficiency']:.2f} | "
             f"{r['launched']} | {r['hits']} | {r['misses']} | {r['wasted']} | {r['retracted']} | "
             f"{'yes' if r['identical'] else 'NO'} | {_cost_cell(r.get('launch_costs_ms', []))}"
         )
@@ -260,14 +269,15 @@ def markdown(rows: list[dict], tps: float, latency: float, peer_note: str | None
         lines.append(line)
     lines += ["", f"Geometric-mean efficiency: {_geomean([r['efficiency'] for r in rows]):.3f}",
               f"Geometric-mean speedup over sequential: agentrt "
-              f"{_geomean([r['speedup'] for r in rows]):.2f}x over all {len(rows)} patterns"]
+              f"{_geomean([r['speedup'] for r in answered]):.2f}x over the {len(answered)} of "
+              f"{len(rows)} patterns whose runs both finished identically"]
     if with_peer:
-        both = [r for r in rows if r.get("peer_speedup")]
+        both = [r for r in answered if r.get("peer_speedup")]
         if both:
             lines[-1] += (f"; on the {len(both)} patterns {PEER} answered identically: agentrt "
                           f"{_geomean([r['speedup'] for r in both]):.2f}x, {PEER} "
                           f"{_geomean([r['peer_speedup'] for r in both]):.2f}x")
-        lines[-1] += (f" ({len(rows) - len(both)} where {PEER} differed or failed count as no "
+        lines[-1] += (f" ({len(answered) - len(both)} where {PEER} differed or failed count as no "
                       "speedup)")
     lines += ["", launch_summary(rows)]
     if peer_note:
@@ -359,7 +369,7 @@ def _run_one(i: int, n: int, p: Pattern, args: argparse.Namespace,
     if not args.no_plots:
         plot_timeline(p.name, (seq_trace, spec_trace), args.out / f"{p.name}.png")
     line = (f"[{i}/{n}] {p.name:22} seq {row['sequential_s']:6.2f}s  spec "
-            f"{row['speculative_s']:6.2f}s  {row['speedup']:5.2f}x  limit {row['limit_s']:6.2f}s  "
+            f"{row['speculative_s']:6.2f}s  {_ratio(row['speedup']):>6}  limit {row['limit_s']:6.2f}s  "
             f"eff {row['efficiency']:.2f}  hits {row['hits']:2} miss {row['misses']:2} "
             f"waste {row['wasted']:2} retr {row['retracted']:2}  "
             f"{'same' if row['identical'] else 'DIFFERENT'}")

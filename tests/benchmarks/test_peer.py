@@ -110,3 +110,15 @@ def test_a_driver_that_cannot_start_says_why():
 
     with pytest.raises(PeerUnavailable, match="spec_ptc"):  # this venv has no spec-ptc
         PeerDriver(sys.executable)
+
+
+def test_a_pattern_whose_runs_never_answer_gives_no_speedup():
+    from benchmarks.patterns import Pattern, fence
+
+    unanswered = Pattern("no_final", [fence("x = 1\nprint(x)")])  # no FINAL: the turn limit
+    row = pattern_bench.compare(unanswered, 1000.0, 0.01)
+    assert row["identical"] and row["speedup"] is None
+    answered = pattern_bench.compare(pattern("serial_chain"), 400.0, 0.05)
+    table = pattern_bench.markdown([row, answered], 400, 0.05)
+    assert "| no_final | " in table and " | - | " in table.split("| no_final | ")[1].splitlines()[0]
+    assert "over the 1 of 2 patterns whose runs both finished identically" in table
