@@ -98,17 +98,17 @@ class TwinDrafter:
                 table.append(self.scratch)
                 scratch_free = False
             k = min(k, len(table) * size - pos)
-            if k > 0:
-                plans[i] = (pos, torch.tensor(table, dtype=torch.int32), k, r.tokens[-1])
-        tokens: list[list[int]] = [[] for _ in states]
+            if k > 0:  # (first position, block table, tokens to draft)
+                plans[i] = (pos, torch.tensor(table, dtype=torch.int32), k)
+        tokens: list[list[int]] = [[state.request.tokens[-1]] if plan else []
+                                   for state, plan in zip(states, plans)]
         probs: list[list[torch.Tensor]] = [[] for _ in states]
-        depth = max((p[2] for p in plans if p is not None), default=0)
+        depth = max((plan[2] for plan in plans if plan is not None), default=0)
         with torch.inference_mode():
             for d in range(depth):
-                live = [i for i, p in enumerate(plans) if p is not None and p[2] > d]
-                last = [tokens[i][-1] if tokens[i] else plans[i][3] for i in live]
+                live = [i for i, plan in enumerate(plans) if plan is not None and plan[2] > d]
                 rows = [SeqRows(plans[i][0] + d, 1, plans[i][1]) for i in live]
-                logits = self.model(torch.tensor(last), rows, pool)
+                logits = self.model(torch.tensor([tokens[i][-1] for i in live]), rows, pool)
                 for row, i in enumerate(live):
                     s = states[i].sampling
                     if s.temperature > 0:
@@ -117,7 +117,7 @@ class TwinDrafter:
                         probs[i].append(p)
                     else:
                         tokens[i].append(int(logits[row].argmax()))
-        return [Draft(t, torch.stack(p) if p else None) for t, p in zip(tokens, probs)]
+        return [Draft(t[1:], torch.stack(p) if p else None) for t, p in zip(tokens, probs)]
 
     def remember(self, token_ids: Sequence[int]) -> None:
         """Ignored: the twin has no corpus."""
