@@ -90,38 +90,52 @@ def test_sampled_requests_draft_from_the_twins_distribution():
         engine.close()
 
 
-def test_a_shared_block_is_never_written():
+@pytest.fixture
+def small_blocks_twin():
+    """A twin engine with 16-position blocks, drafting 4 tokens."""
     engine = NativeEngine(drafter="twin", draft_tokens=4, block_size=16, max_seq_len=256)
     try:
         if engine.model.ops is None:
             pytest.skip("no CPU kernels")
-        drafter, pool = engine.drafter, engine.pool
-        block = pool.allocate()
-
-        class Request:  # decoding its 21st token: position 20 sits in its second block
-            tokens = list(range(100, 121))
-            computed = 20
-            blocks = [pool.allocate(), block]
-
-        with torch.inference_mode():  # the target's keys and values of positions 0..19
-            engine.model(torch.tensor(Request.tokens[:20]),
-                         [SeqRows(0, 20, torch.tensor(Request.blocks, dtype=torch.int32))], pool)
-        state = drafter.begin(Request.tokens)
-        state.attach(Request)
-        assert len(state.draft(4).tokens) == 4
-        sampled = drafter.begin(Request.tokens, DraftSampling(0.8, 40, 1.0, torch.Generator().manual_seed(0)))
-        sampled.attach(Request)
-        draft = sampled.draft(3)  # sampled from the twin's distribution, which it reports
-        assert draft.probs.shape == (3, engine.model.vocab_size)
-        assert torch.allclose(draft.probs.sum(-1), torch.ones(3))
-        assert all(draft.probs[i, t] > 0 for i, t in enumerate(draft.tokens))
-        assert all(int((row > 0).sum()) <= 40 for row in draft.probs)  # top-k applied
-        pool.take([block])  # now another request holds it too
-        before = [k[block].view(torch.int16).clone() for k, _ in pool.caches]  # bits: NaN-safe
-        assert state.draft(4).tokens == []
-        assert all(torch.equal(k[block].view(torch.int16), b) for (k, _), b in zip(pool.caches, before))
+        yield engine
     finally:
         engine.close()
+
+
+class Request:
+    """A request decoding its last token, in ``blocks``, whose committed positions hold the
+    target's keys and values."""
+
+    def __init__(self, engine: NativeEngine, tokens: list[int], blocks: list[int]):
+        self.tokens, self.computed, self.blocks = tokens, len(tokens) - 1, blocks
+        with torch.inference_mode():
+            engine.model(torch.tensor(tokens[:-1]),
+                         [SeqRows(0, self.computed, torch.tensor(blocks, dtype=torch.int32))], engine.pool)
+
+    def state(self, drafter, sampling: DraftSampling | None = None):
+        state = drafter.begin(self.tokens, sampling)
+        state.attach(self)
+        return state
+
+
+def test_a_shared_block_is_never_written(small_blocks_twin):
+    engine = small_blocks_twin
+    drafter, pool = engine.drafter, engine.pool
+    block = pool.allocate()
+    # decoding its 21st token: position 20 sits in its second block
+    request = Request(engine, list(range(100, 121)), [pool.allocate(), block])
+    state = request.state(drafter)
+    assert len(state.draft(4).tokens) == 4
+    sampled = request.state(drafter, DraftSampling(0.8, 40, 1.0, torch.Generator().manual_seed(0)))
+    draft = sampled.draft(3)  # sampled from the twin's distribution, which it reports
+    assert draft.probs.shape == (3, engine.model.vocab_size)
+    assert torch.allclose(draft.probs.sum(-1), torch.ones(3))
+    assert all(draft.probs[i, t] > 0 for i, t in enumerate(draft.tokens))
+    assert all(int((row > 0).sum()) <= 40 for row in draft.probs)  # top-k applied
+    pool.take([block])  # now another request holds it too
+    before = [k[block].view(torch.int16).clone() for k, _ in pool.caches]  # bits: NaN-safe
+    assert state.draft(4).tokens == []
+    assert all(torch.equal(k[block].view(torch.int16), b) for (k, _), b in zip(pool.caches, before))
 
 
 def test_the_twin_is_refused_where_it_cannot_run():
@@ -131,35 +145,16 @@ def test_the_twin_is_refused_where_it_cannot_run():
         qwen_like().int8_twin()
 
 
-def test_drafts_of_several_requests_together_equal_each_alone():
-    engine = NativeEngine(drafter="twin", draft_tokens=4, block_size=16, max_seq_len=256)
-    try:
-        if engine.model.ops is None:
-            pytest.skip("no CPU kernels")
-        drafter, pool = engine.drafter, engine.pool
-
-        def request(tokens: list[int], blocks: int):
-            class Request:
-                pass
-            r = Request()
-            r.tokens, r.computed = tokens, len(tokens) - 1
-            r.blocks = [pool.allocate() for _ in range(blocks)]
-            with torch.inference_mode():  # the target's keys and values of the committed positions
-                engine.model(torch.tensor(tokens[:-1]),
-                             [SeqRows(0, len(tokens) - 1, torch.tensor(r.blocks, dtype=torch.int32))], pool)
-            return r
-
-        # drafts at positions 20.., 13.. (runs into a block it lacks: the scratch block) and
-        # 29.. (runs past its blocks too; together the scratch block is taken: it stops at 31)
-        requests = [request(list(range(200, 221)), 2), request(list(range(300, 314)), 1),
-                    request(list(range(400, 430)), 2)]
-        states = []
-        for r in requests:
-            states.append(drafter.begin(r.tokens))
-            states[-1].attach(r)
-        alone = [s.draft(k).tokens for s, k in zip(states, (5, 4, 4))]
-        together = [d.tokens for d in drafter.draft_many(states, [5, 4, 4])]
-        assert [len(t) for t in alone] == [5, 4, 4]  # alone, each has the scratch block
-        assert together[:2] == alone[:2] and together[2] == alone[2][:3]
-    finally:
-        engine.close()
+def test_drafts_of_several_requests_together_equal_each_alone(small_blocks_twin):
+    engine = small_blocks_twin
+    drafter, pool = engine.drafter, engine.pool
+    # drafts at positions 20.., 13.. (runs into a block it lacks: the scratch block) and
+    # 29.. (runs past its blocks too; together the scratch block is taken: it stops at 31)
+    requests = [Request(engine, list(range(200, 221)), [pool.allocate() for _ in range(2)]),
+                Request(engine, list(range(300, 314)), [pool.allocate()]),
+                Request(engine, list(range(400, 430)), [pool.allocate() for _ in range(2)])]
+    states = [r.state(drafter) for r in requests]
+    alone = [s.draft(k).tokens for s, k in zip(states, (5, 4, 4))]
+    together = [d.tokens for d in drafter.draft_many(states, [5, 4, 4])]
+    assert [len(t) for t in alone] == [5, 4, 4]  # alone, each has the scratch block
+    assert together[:2] == alone[:2] and together[2] == alone[2][:3]
