@@ -114,3 +114,24 @@ def test_the_agent_scenario_answers_in_both_modes():
         assert out[mode]["status"] == "final" and out[mode]["tool_calls"] == 6, out[mode]
     assert out["finished"] and out["same_answer"] and out["speedup"] is not None
     assert out["speculative"]["early_hits"] == 6
+
+
+def test_every_level_starts_from_a_fresh_engine(tmp_path):
+    # the levels run the same prompts: the solo run and each level start with an empty prefix
+    # cache and drafter corpus, not with what the runs before them left
+    from agentrt.engine import NativeEngine, models
+
+    served_at_reset = []
+
+    class Engine(NativeEngine):
+        def reset(self, **options):
+            served_at_reset.append(self.batch_metrics().requests)
+            super().reset(**options)
+
+    path = models.ensure("smollm2-135m", "bf16")
+    make = lambda system, loop, **o: Engine(model=str(path), drafter="suffix", threads=1,  # noqa: E731
+                                            max_seq_len=2048)
+    results = engine_concurrency.run_here(_args(tmp_path, sets="chat", limit=2), "suffix", ["chat"],
+                                          [1, 2], make, prefix_scenarios=False)
+    assert served_at_reset == [1, 3]  # after the warm-up, then after the two solo requests
+    assert [lv["concurrency"] for lv in results["levels"]["suffix"]] == [1, 2]
