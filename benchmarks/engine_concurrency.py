@@ -283,14 +283,16 @@ def run(args, systems: list[str], sets: list[str], make_engine) -> int:
     return 1 if failed else 0
 
 
-def fresh_start(engine) -> None:
-    """Clear what the engine learnt from the runs before (a native engine's prefix cache,
-    drafter corpus and acceptance estimates): every level runs the same prompts, and a level
-    that found the earlier levels' prompts cached and their outputs in the drafter's corpus
-    would be flattered. Engines without ``reset`` (vLLM) keep their prefix cache."""
+def fresh_start(engine, loop: asyncio.AbstractEventLoop) -> None:
+    """Clear what the engine learnt from the runs before: a native engine's prefix cache,
+    drafter corpus and acceptance estimates, vLLM's prefix cache. Every level runs the same
+    prompts, and a level that found the earlier levels' prompts cached (or their outputs in
+    the drafter's corpus) would be flattered."""
     reset = getattr(engine, "reset", None)
     if reset is not None:
         reset()
+    else:
+        loop.run_until_complete(engine.reset_prefix_cache())
 
 
 def run_here(args, system: str, sets: list[str], levels: list[int], make_engine,
@@ -305,12 +307,12 @@ def run_here(args, system: str, sets: list[str], levels: list[int], make_engine,
         engine = make_engine(system, loop)
         try:
             loop.run_until_complete(run_level(engine, prompts[:1], 1, 8))  # warm-up
-            fresh_start(engine)
+            fresh_start(engine, loop)
             table = [loop.run_until_complete(run_solo(engine, prompts[:max(levels)],
                                                       args.max_tokens))]
             for c in levels:
                 if c != 1:
-                    fresh_start(engine)
+                    fresh_start(engine, loop)
                 level = table[0] if c == 1 else loop.run_until_complete(
                     run_level(engine, prompts, c, args.max_tokens))
                 if c != 1:

@@ -212,6 +212,13 @@ class VLLMEngine(BaseEngine):
         counters = self._global_counters()
         return counters.to_decode_metrics() if counters is not None else None
 
+    async def reset_prefix_cache(self) -> None:
+        """Drop every cached prefix block, so the next prompts prefill from scratch (benchmark
+        levels that must not find the earlier levels' prompts cached). Raises `EngineError`
+        when vLLM refuses (it does while requests are running)."""
+        if await self.llm.reset_prefix_cache() is False:
+            raise EngineError("vLLM refused to reset its prefix cache (requests still running?)")
+
     async def aclose(self) -> None:
         """Shut the engine core down (its process and its memory)."""
         self.close()
