@@ -98,7 +98,9 @@ class AdaptiveK:
     (`bucket_of`). Expected tokens of a step with k drafts: ``1 + sum_j prod_{i<=j} a_i``; its
     cost: the measured target forward over k+1 tokens plus k draft steps. When no k beats
     plain decoding, drafting is off for that bucket, with a probe every ``probe_every``
-    steps so the estimate can recover.
+    steps so the estimate can recover. ``draft_cost_per_token``: seconds of a drafted token,
+    or a function of the sequence's length giving them (a drafter that attends over the
+    request's context, the int8 twin, costs more per token as the context grows).
     """
 
     BUCKETS = 5
@@ -108,12 +110,14 @@ class AdaptiveK:
         """0: not a lookup (model drafts); 1, 2, 3: matched that many tokens; 4: four or more."""
         return max(0, min(match_len, AdaptiveK.BUCKETS - 1))
 
-    def __init__(self, costs: StepCosts, max_k: int, draft_cost_per_token: float = 0.0,
+    def __init__(self, costs: StepCosts, max_k: int,
+                 draft_cost_per_token: float | Callable[[int], float] = 0.0,
                  prior: float = 0.6, decay: float = 0.9, probe_every: int = 24, probe_k: int = 4,
                  model_prior: float | None = None):
         self.costs = costs
         self.max_k = max_k
-        self.draft_cost = draft_cost_per_token
+        self._draft_cost = (draft_cost_per_token if callable(draft_cost_per_token)
+                            else lambda context, cost=draft_cost_per_token: cost)
         self.prior = prior
         self.model_prior = prior if model_prior is None else model_prior
         """The prior of bucket 0 (model drafts): a drafter that knows its acceptance is high
@@ -122,6 +126,11 @@ class AdaptiveK:
         self.probe_every = probe_every
         self.probe_k = min(probe_k, max_k)
         self.forget()
+
+    def draft_cost(self, context: int = 64) -> float:
+        """Seconds of one model-drafted token for a sequence of ``context`` positions (the
+        drafter's `draft_cost`; a constant where it was given as a number)."""
+        return self._draft_cost(context)
 
     def accept(self, bucket: int = 0) -> list[float]:
         """Estimated acceptance of each draft position, given the earlier ones were accepted."""
@@ -144,7 +153,7 @@ class AdaptiveK:
     def rate(self, k: int, accept: list[float] | None = None, draft_cost: float | None = None) -> float:
         """Expected tokens per second with k drafts (``draft_cost`` per drafted token; default:
         the drafter's)."""
-        per_token = self.draft_cost if draft_cost is None else draft_cost
+        per_token = self.draft_cost() if draft_cost is None else draft_cost
         return self.expected_tokens(k, accept) / (self.costs(k + 1) + per_token * k)
 
     def best_rate(self, limit: int, bucket: int = 0, draft_cost: float | None = None) -> float:
@@ -152,13 +161,14 @@ class AdaptiveK:
         accept = self.accept(bucket)
         return max(self.rate(k, accept, draft_cost) for k in range(min(limit, self.max_k) + 1))
 
-    def choose(self, limit: int, bucket: int = 0) -> int:
-        """The best k in ``0..min(limit, max_k)`` for a draft of this bucket."""
+    def choose(self, limit: int, bucket: int = 0, draft_cost: float | None = None) -> int:
+        """The best k in ``0..min(limit, max_k)`` for a draft of this bucket (``draft_cost``
+        per drafted token; default: the drafter's at a short context)."""
         limit = min(limit, self.max_k)
         if limit <= 0:
             return 0
         accept = self.accept(bucket)
-        best = max(range(limit + 1), key=lambda k: self.rate(k, accept))
+        best = max(range(limit + 1), key=lambda k: self.rate(k, accept, draft_cost))
         if best > 0:
             self._off_steps[bucket] = 0
             return best
@@ -270,9 +280,9 @@ def choose_drafts(decoding: list[RequestState], policy: AdaptiveK | None, lookup
     matched 4 or more tokens and such matches are mostly accepted (the first token at least
     half the time), or when its best expected tokens per second (acceptance of its match
     length, no draft cost) is at least the model's (acceptance of model drafts, the model's
-    cost per token); else the model's. (Comparing rates alone, a model drafter accepted nearly
-    always, the int8 twin, took steps from long lookups: `hybrid-twin` fell below `suffix` on
-    agent code.)"""
+    cost per token at the sequence's length); else the model's. (Comparing rates alone, a
+    model drafter accepted nearly always, the int8 twin, took steps from long lookups:
+    `hybrid-twin` fell below `suffix` on agent code.)"""
     if policy is not None:
         policy.next_step()
     plans: dict[RequestState, tuple[list[int], Draft]] = {}
@@ -292,7 +302,7 @@ def choose_drafts(decoding: list[RequestState], policy: AdaptiveK | None, lookup
             bucket = AdaptiveK.bucket_of(found.match_len)
             long_match = bucket == AdaptiveK.BUCKETS - 1 and policy.accept(bucket)[0] >= 0.5
             if found.tokens and (long_match or policy.best_rate(len(found.tokens), bucket, 0.0)
-                                 >= policy.best_rate(room, 0)):
+                                 >= policy.best_rate(room, 0, policy.draft_cost(seq.computed))):
                 lookups.append((seq, found))
             else:
                 models[seq] = room
@@ -308,12 +318,15 @@ def choose_drafts(decoding: list[RequestState], policy: AdaptiveK | None, lookup
         for tokens, is_urgent in ((first_rows, True), (len(decoding) - first_rows, False)):
             group = [seq for seq in models if (seq.priority == urgent) == is_urgent]
             if len(models) == 1 and group:
-                model_k[group[0]] = policy.choose(models[group[0]])
+                seq = group[0]
+                model_k[seq] = policy.choose(models[seq],
+                                             draft_cost=policy.draft_cost(seq.computed))
             elif group:
                 base = rows if is_urgent else rows + tokens
                 chains = [_chain(policy.accept(0), min(models[seq], policy.max_k)) for seq in group]
+                context = sum(seq.computed for seq in group) // len(group)
                 lengths = plan_draft_lengths(chains, max(tokens, 1), base, policy.costs,
-                                             policy.draft_cost)
+                                             policy.draft_cost(context))
                 for seq, k in zip(group, lengths):
                     model_k[seq] = policy.probe(k, min(models[seq], policy.max_k))
             rows += sum(model_k.get(seq, 0) for seq in group)

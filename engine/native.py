@@ -379,7 +379,8 @@ class NativeEngine(BaseEngine):
             return None
         if self._policy is None:
             costs = StepCosts.measure(self.model, max(self.max_k + 1, 32))
-            self._policy = AdaptiveK(costs, self.max_k, self.drafter.draft_cost(),
+            self.drafter.draft_cost()  # measured now, not inside a step
+            self._policy = AdaptiveK(costs, self.max_k, self.drafter.draft_cost,
                                      model_prior=getattr(self.drafter, "acceptance_prior", None))
         return self._policy
 

@@ -78,8 +78,9 @@ class Drafter(Protocol):
         (None: greedy)."""
         ...
 
-    def draft_cost(self) -> float:
-        """Seconds one drafted token costs (0.0 for lookups)."""
+    def draft_cost(self, context: int = 64) -> float:
+        """Seconds one drafted token costs for a sequence of ``context`` positions (0.0 for
+        lookups; a drafter whose cost hardly depends on it may ignore it)."""
         ...
 
     def remember(self, token_ids: Sequence[int]) -> None:

@@ -67,8 +67,9 @@ class EagleDrafter:
         self.kept.append((tokens, cache))
         del self.kept[:-self.KEEP]
 
-    def draft_cost(self) -> float:
-        """Seconds of one drafted token (one head step after 64 positions; best of 5)."""
+    def draft_cost(self, context: int = 64) -> float:
+        """Seconds of one drafted token (one head step after 64 positions, best of 5; the
+        head's own cache is short, so ``context`` is not used)."""
         if self._cost is None:
             c = self.head.config
             with torch.inference_mode():

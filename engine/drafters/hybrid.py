@@ -37,9 +37,9 @@ class HybridDrafter:
         return HybridState(self, self.suffix.begin(prompt_ids, sampling),
                            self.model.begin(prompt_ids, sampling))
 
-    def draft_cost(self) -> float:
+    def draft_cost(self, context: int = 64) -> float:
         """The model drafter's cost per drafted token (lookups cost nothing)."""
-        return self.model.draft_cost()
+        return self.model.draft_cost(context)
 
     def draft_many(self, states: Sequence[HybridState], ks: Sequence[int]) -> list[Draft]:
         """The model drafter's drafts of several requests (batched where it can batch them)."""

@@ -43,9 +43,10 @@ class ModelDrafter:
         s = sampling or DraftSampling()
         return ModelDraftState(self, prompt_ids, s.temperature, s.top_k, s.top_p, s.generator)
 
-    def draft_cost(self) -> float:
+    def draft_cost(self, context: int = 64) -> float:
         """Seconds of one single-token forward of the draft model (best of 5, measured once at
-        a short context; its cache is left for the next request to refill)."""
+        a short context, whatever ``context``; its cache is left for the next request to
+        refill)."""
         if self._cost is None:
             device = self.model.device
             with torch.inference_mode():

@@ -25,7 +25,7 @@ class NgramDrafter:
         self.min_n = min_n
         self.max_n = max_n
 
-    def draft_cost(self) -> float:
+    def draft_cost(self, context: int = 64) -> float:
         """A lookup costs microseconds: nothing worth modelling."""
         return 0.0
 

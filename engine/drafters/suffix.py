@@ -205,7 +205,7 @@ class SuffixDrafter:
         """Tokens currently held in the cross-request corpus."""
         return self.corpus.num_tokens
 
-    def draft_cost(self) -> float:
+    def draft_cost(self, context: int = 64) -> float:
         """A lookup costs microseconds: nothing worth modelling."""
         return 0.0
 

@@ -56,24 +56,35 @@ class TwinDrafter:
             raise ValueError("drafter='twin' needs one KV block of its own; the cache has none left")
         self.scratch = scratch
         """A block the twin writes drafts into where the request has no block yet."""
-        self._cost: float | None = None
+        self._cost: tuple[tuple[int, float], tuple[int, float]] | None = None
 
     def begin(self, prompt_ids: Sequence[int], sampling: DraftSampling | None = None) -> TwinState:
         """Start a request; it drafts once `TwinState.attach` gave it the request."""
         return TwinState(self, sampling or DraftSampling())
 
-    def draft_cost(self) -> float:
-        """Seconds of one drafted token: a one-row forward of the twin after 64 positions (best
-        of 5, on a small pool of its own)."""
+    COST_CONTEXTS = (64, 512)
+    """The sequence lengths `draft_cost` is measured at (it interpolates between them)."""
+
+    def draft_cost(self, context: int = 64) -> float:
+        """Seconds of one drafted token for a sequence of ``context`` positions: a one-row
+        forward of the twin, measured once after each of `COST_CONTEXTS` positions (best of 5,
+        on a pool of its own) and taken as linear in the context (its attention reads every
+        position's keys and values, a larger share of its step than of the exact target's)."""
         if self._cost is None:
-            pool = self.model.new_pool(2, 64)
-            table = torch.arange(2, dtype=torch.int32)
+            short, long = (min(c, self.model.max_seq_len - 1) for c in self.COST_CONTEXTS)
+            size = 64
+            blocks = long // size + 1
+            pool = self.model.new_pool(blocks, size)
+            table = torch.arange(blocks, dtype=torch.int32)
             with torch.inference_mode():
-                self.model(torch.zeros(64, dtype=torch.long), [SeqRows(0, 64, table)], pool,
-                           torch.tensor([63]))
-                self._cost = best_time(lambda: int(self.model(
-                    torch.zeros(1, dtype=torch.long), [SeqRows(64, 1, table)], pool)[0].argmax()))
-        return self._cost
+                self.model(torch.zeros(long, dtype=torch.long), [SeqRows(0, long, table)], pool,
+                           torch.tensor([long - 1]))
+                self._cost = tuple((at, best_time(lambda at=at: int(self.model(
+                    torch.zeros(1, dtype=torch.long), [SeqRows(at, 1, table)], pool)[0].argmax())))
+                    for at in (short, long))
+        (short, at_short), (long, at_long) = self._cost
+        growth = max(at_long - at_short, 0.0) / max(long - short, 1)
+        return at_short + growth * max(context - short, 0)
 
     def draft_many(self, states: Sequence[TwinState], ks: Sequence[int]) -> list[Draft]:
         """The drafts of several requests (up to ``ks[i]`` tokens for ``states[i]``), one

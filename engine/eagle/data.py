@@ -53,7 +53,7 @@ class FeatureRecorder:
         self.recordings[tuple(prompt_ids)] = state
         return state
 
-    def draft_cost(self) -> float:
+    def draft_cost(self, context: int = 64) -> float:
         return 0.0
 
     def remember(self, token_ids: Sequence[int]) -> None:

@@ -361,8 +361,8 @@ def test_engine_benchmark_runs_the_head_systems(tiny_head, tmp_path):
 
 def test_hybrid_takes_the_draft_with_more_expected_tokens_per_second():
     """The suffix lookup's draft when its match-length bucket is accepted more often per unit
-    of cost than the head's drafts, or when it matched 4+ tokens that are mostly accepted;
-    else the head's."""
+    of cost than the head's drafts (at their cost for the sequence's length), or when it
+    matched 4+ tokens that are mostly accepted; else the head's."""
     from agentrt.engine.draft_policy import AdaptiveK, StepCosts, choose_drafts
     from agentrt.engine.drafters.hybrid import HybridDrafter
 
@@ -383,8 +383,12 @@ def test_hybrid_takes_the_draft_with_more_expected_tokens_per_second():
     lookup = state.lookup_draft(8)
     assert lookup.match_len >= 4 and lookup.tokens[:2] == [11, 12]
 
-    def plan(lookup_hits: float, head_hits: float, lookup_accepted: tuple[int, ...] = ()) -> list[int]:
-        policy = AdaptiveK(StepCosts({1: 0.01, 8: 0.012, 16: 0.02}), max_k=8, draft_cost_per_token=0.001)
+    def plan(lookup_hits: float, head_hits: float, lookup_accepted: tuple[int, ...] = (),
+             computed: int = len(prompt) - 1) -> list[int]:
+        seq.computed = computed
+        # a head step costs 1 ms up to 1000 positions, 50 ms beyond
+        policy = AdaptiveK(StepCosts({1: 0.01, 8: 0.012, 16: 0.02}), max_k=8,
+                           draft_cost_per_token=lambda context: 0.001 if context < 1000 else 0.05)
         for i in range(30):
             accepted = lookup_accepted[i % len(lookup_accepted)] if lookup_accepted else round(8 * lookup_hits)
             policy.observe(8, accepted, AdaptiveK.bucket_of(lookup.match_len))
@@ -399,6 +403,10 @@ def test_hybrid_takes_the_draft_with_more_expected_tokens_per_second():
     assert plan(0.0, head_hits=1.0, lookup_accepted=(2, 2, 0))[:2] == [11, 12]
     from_head = plan(lookup_hits=0.0, head_hits=1.0)
     assert from_head and from_head == state.model_draft(len(from_head)).tokens
+    # the lookup's first token accepted 1 time in 3: the head's drafts at a short context, the
+    # lookup's at a long one, where each head step costs more than the whole verify forward
+    assert plan(0.0, head_hits=1.0, lookup_accepted=(2, 0, 0)) == from_head
+    assert plan(0.0, head_hits=1.0, lookup_accepted=(2, 0, 0), computed=2000)[:2] == [11, 12]
 
 
 def test_training_forward_computes_what_drafting_computes():

@@ -150,7 +150,7 @@ class ScriptedDrafter:
     def begin(self, prompt_ids: Sequence[int], sampling=None) -> "ScriptedState":
         return ScriptedState(self)
 
-    def draft_cost(self) -> float:
+    def draft_cost(self, context: int = 64) -> float:
         return 0.0
 
     def remember(self, token_ids: Sequence[int]) -> None:

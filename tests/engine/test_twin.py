@@ -62,7 +62,7 @@ def test_twin_drafts_give_the_plain_output_alone_and_batched(plain_outputs, draf
         engine.close()
 
 
-def test_adaptive_k_starts_from_the_twins_acceptance_prior():
+def test_adaptive_k_starts_from_the_twins_acceptance_prior_and_cost_line():
     engine = NativeEngine(drafter="hybrid-twin", max_seq_len=2048)
     try:
         if engine.model.ops is None:
@@ -70,6 +70,13 @@ def test_adaptive_k_starts_from_the_twins_acceptance_prior():
         policy = engine._policy_for()
         assert policy.accept(0)[0] == TwinDrafter.acceptance_prior  # model drafts
         assert policy.accept(1)[0] == policy.prior                   # lookups keep theirs
+        # a twin token's cost, measured at two lengths, is a line in the sequence's length
+        # (never below the short one's), and adaptive k charges it at each sequence's length
+        cost = engine.drafter.draft_cost
+        assert cost(0) == cost(TwinDrafter.COST_CONTEXTS[0]) > 0
+        assert cost(64) <= cost(512) <= cost(1024) <= cost(2048)
+        assert cost(2048) - cost(1024) == pytest.approx(2 * (cost(1024) - cost(512)))
+        assert [policy.draft_cost(n) for n in (64, 700, 1500)] == [cost(n) for n in (64, 700, 1500)]
     finally:
         engine.close()
 
