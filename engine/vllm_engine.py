@@ -156,6 +156,7 @@ class VLLMEngine(BaseEngine):
         first_at: float | None = None
         completion_tokens = 0
         finish: str | None = None
+        cached_tokens = 0
         request_summary: dict[str, Any] | None = None
         try:
             generator = llm.generate(
@@ -163,6 +164,7 @@ class VLLMEngine(BaseEngine):
             )
             async with contextlib.aclosing(generator) as outputs:
                 async for output in outputs:
+                    cached_tokens = max(cached_tokens, output.num_cached_tokens or 0)
                     completion = output.outputs[0]
                     token_ids = tuple(completion.token_ids)
                     completion_tokens += len(token_ids)
@@ -193,6 +195,8 @@ class VLLMEngine(BaseEngine):
         metrics = self._generation_metrics(completion_tokens, request_summary, before)
         metrics.wall_s = end - start
         metrics.prefill_s = (first_at or end) - start
+        metrics.cached_tokens = cached_tokens  # served from vLLM's prefix cache
+        metrics.prefill_tokens = len(prompt_ids) - cached_tokens
         if self._totals is None:
             self._totals = DecodeMetrics()
         self._totals.merge(metrics)
