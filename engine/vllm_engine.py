@@ -6,7 +6,7 @@ MTP: whatever the installed vLLM accepts); an ``eagle3`` head in a local directo
 against the target first (`checked_speculative_config`). Per-generation `DecodeMetrics` come
 from vLLM's per-request spec-decode metrics (exact per request, turned on by default here);
 when those are off, from the difference of vLLM's global counters before and after the request
-(exact only when requests are not concurrent).
+(exact only when requests are not concurrent and this is the process's last-built engine).
 
 vLLM is imported when an engine is built, so this module imports without it. vLLM's engine core
 runs in a spawned process: scripts that build a `VLLMEngine` need an ``if __name__ == "__main__"``
