@@ -48,6 +48,9 @@ class TwinDrafter:
     target's next token at ~96% of positions (docs/engine.md), the twin's drafts were accepted
     at 98-99% on the benchmark prompts."""
 
+    COST_CONTEXTS = (64, 512)
+    """The sequence lengths `draft_cost` is measured at (a line through the two)."""
+
     def __init__(self, twin: Transformer, pool: KVPool) -> None:
         self.model = twin
         self.pool = pool
@@ -62,9 +65,6 @@ class TwinDrafter:
         """Start a request; it drafts once `TwinState.attach` gave it the request."""
         return TwinState(self, sampling or DraftSampling())
 
-    COST_CONTEXTS = (64, 512)
-    """The sequence lengths `draft_cost` is measured at (it interpolates between them)."""
-
     def draft_cost(self, context: int = 64) -> float:
         """Seconds of one drafted token for a sequence of ``context`` positions: a one-row
         forward of the twin, measured once after each of `COST_CONTEXTS` positions (best of 5,
@@ -72,16 +72,18 @@ class TwinDrafter:
         position's keys and values, a larger share of its step than of the exact target's)."""
         if self._cost is None:
             short, long = (min(c, self.model.max_seq_len - 1) for c in self.COST_CONTEXTS)
-            size = 64
-            blocks = long // size + 1
-            pool = self.model.new_pool(blocks, size)
+            blocks = long // 64 + 1
+            pool = self.model.new_pool(blocks, 64)
             table = torch.arange(blocks, dtype=torch.int32)
+
+            def one_row(at: int) -> float:
+                return best_time(lambda: int(self.model(
+                    torch.zeros(1, dtype=torch.long), [SeqRows(at, 1, table)], pool)[0].argmax()))
+
             with torch.inference_mode():
                 self.model(torch.zeros(long, dtype=torch.long), [SeqRows(0, long, table)], pool,
                            torch.tensor([long - 1]))
-                self._cost = tuple((at, best_time(lambda at=at: int(self.model(
-                    torch.zeros(1, dtype=torch.long), [SeqRows(at, 1, table)], pool)[0].argmax())))
-                    for at in (short, long))
+                self._cost = ((short, one_row(short)), (long, one_row(long)))
         (short, at_short), (long, at_long) = self._cost
         growth = max(at_long - at_short, 0.0) / max(long - short, 1)
         return at_short + growth * max(context - short, 0)
