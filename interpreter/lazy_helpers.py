@@ -20,6 +20,7 @@ from .lazy_values import (
     force,
     force_deep,
 )
+from .sandbox.provenance import unwrap
 
 # ---------------------------------------------------------------------------------------------
 # Helpers injected into the shadow namespace (targets of shadow_transform)
@@ -177,6 +178,7 @@ _SHALLOW_CALLABLES = frozenset(id(fn) for fn in (len, list, tuple, bool))
 
 
 def _is_pure_callable(fn: Any) -> bool:
+    fn = unwrap(fn)  # a module function as the sandbox holds it
     if id(fn) in _PURE_CALLABLES:
         return True
     if type(fn) is functools.partial:  # e.g. a sandbox's safe ``str.format`` bound to a template

@@ -12,19 +12,10 @@ from RestrictedPython.Guards import guarded_iter_unpack_sequence, guarded_unpack
 
 from agentrt.tools.errors import ToolError
 
+from .classes import ClassBuilder
 from .modules import guarded_import
 from .output import Printer, SandboxContext
-from .policy import (
-    SandboxType,
-    guarded_apply,
-    guarded_delattr,
-    guarded_getattr,
-    guarded_getitem,
-    guarded_hasattr,
-    guarded_inplacevar,
-    guarded_setattr,
-    guarded_write,
-)
+from .policy import SandboxType, guarded_apply, guarded_getitem, guarded_inplacevar
 
 _SAFE_BUILTIN_NAMES = (
     "abs", "all", "any", "ascii", "bin", "bool", "bytearray", "bytes", "callable", "chr",
@@ -72,21 +63,25 @@ def make_builtins(context: SandboxContext) -> dict[str, Any]:
     for name, reason in _UNAVAILABLE_BUILTINS.items():
         table[name] = _unavailable(name, reason)
     printer = Printer(context)
+    guards = context.guards
     table.update({
         "type": SandboxType,
-        "getattr": guarded_getattr,
-        "hasattr": guarded_hasattr,
-        "setattr": guarded_setattr,
-        "delattr": guarded_delattr,
+        "getattr": guards.getattr,
+        "hasattr": guards.hasattr,
+        "setattr": guards.setattr,
+        "delattr": guards.delattr,
         "dir": _filtered_dir(context.namespace),
         "ToolError": ToolError,
+    })
+    table = {name: context.provenance.admit(value) for name, value in table.items()}
+    table.update({  # what compiled code calls; cells cannot name them ("_" names)
         "__import__": guarded_import(context),
-        "__build_class__": context.build_class,
-        "__metaclass__": type,
-        "_getattr_": guarded_getattr,
+        "__build_class__": ClassBuilder(context.provenance),
+        "__metaclass__": type,  # the restricted compiler passes it to every class statement
+        "_getattr_": guards.getattr,
         "_getitem_": guarded_getitem,
         "_getiter_": iter,
-        "_write_": guarded_write,
+        "_write_": guards.write,
         "_inplacevar_": guarded_inplacevar,
         "_apply_": guarded_apply,
         "_iter_unpack_sequence_": guarded_iter_unpack_sequence,

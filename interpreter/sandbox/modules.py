@@ -2,13 +2,13 @@
 
 ``import`` is limited to :data:`ALLOWED_MODULES` (pure computation). Each import returns a
 :class:`SandboxModule` holding only the module's public API (``__all__`` when defined), never
-submodules or mutable module state; functions whose results could hand out something real (the
-``type`` metaclass, modules, frames, ``ForwardRef``) have their results checked by
-:func:`sandbox_value`; and the functions that evaluate strings, look up attributes by name,
-generate source from names or write into their arguments are removed or replaced by vetted
-versions (the table in docs/sandbox.md). The vetted class factories record the classes they make
-in the sandbox's context (output.py), and ``copy`` is the sandbox's own instance of the module,
-whose reconstruction step is checked.
+submodules or mutable module state. Its functions are held as
+:class:`~.provenance.SandboxFunction` objects (no ``__globals__`` to read), whose results pass
+through :meth:`~.provenance.Provenance.admit` unless the module only returns plain data; the
+functions that evaluate strings, look up attributes by name, generate source from names or write
+into their arguments are removed or replaced by vetted versions (the table in docs/sandbox.md).
+The vetted class factories record the classes they make in the sandbox's provenance, and ``copy``
+is the sandbox's own instance of the module, whose reconstruction step is checked.
 """
 
 from __future__ import annotations
@@ -20,23 +20,18 @@ import functools
 import importlib
 import importlib.util
 import keyword
+import operator
 import pprint
 import types
 import typing
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
+from .classes import ALLOWED_BASES
+from .guards import Guards
 from .output import SandboxContext
-from .policy import (
-    MISSING,
-    SANDBOX_MODULE_NAME,
-    SandboxType,
-    check_attribute_name,
-    defined_in_sandbox,
-    guarded_getattr,
-    guarded_write,
-    writable,
-)
+from .policy import MISSING, SANDBOX_MODULE_NAME, check_attribute_name
+from .provenance import Provenance, SandboxFunction
 
 ALLOWED_MODULES = frozenset({
     "base64", "binascii", "bisect", "cmath", "collections", "collections.abc", "copy", "csv",
@@ -55,24 +50,32 @@ that code, never handed to the cell."""
 
 # --------------------------------------------------------------------------- vetted functions
 
-def _safe_attrgetter(*names: str) -> Callable[[Any], Any]:
-    for name in names:
-        for part in str(name).split("."):
-            check_attribute_name(None, part)
+def _safe_attrgetter(guards: Guards) -> Callable[..., Callable[[Any], Any]]:
+    def attrgetter(*names: str) -> Callable[[Any], Any]:
+        """``operator.attrgetter`` whose lookups go through the sandbox's guards."""
+        for name in names:
+            for part in str(name).split("."):
+                check_attribute_name(None, part)
 
-    def resolve(obj: Any, dotted: str) -> Any:
-        for part in dotted.split("."):
-            obj = guarded_getattr(obj, part)
-        return obj
+        def resolve(obj: Any, dotted: str) -> Any:
+            for part in dotted.split("."):
+                obj = guards.getattr(obj, part)
+            return obj
 
-    if len(names) == 1:
-        return lambda obj: resolve(obj, names[0])
-    return lambda obj: tuple(resolve(obj, name) for name in names)
+        if len(names) == 1:
+            return lambda obj: resolve(obj, names[0])
+        return lambda obj: tuple(resolve(obj, name) for name in names)
+
+    return attrgetter
 
 
-def _safe_methodcaller(name: str, /, *args: Any, **kwargs: Any) -> Callable[[Any], Any]:
-    check_attribute_name(None, name)
-    return lambda obj: guarded_getattr(obj, name)(*args, **kwargs)
+def _safe_methodcaller(guards: Guards) -> Callable[..., Callable[[Any], Any]]:
+    def methodcaller(name: str, /, *args: Any, **kwargs: Any) -> Callable[[Any], Any]:
+        """``operator.methodcaller`` whose lookup goes through the sandbox's guards."""
+        check_attribute_name(None, name)
+        return lambda obj: guards.getattr(obj, name)(*args, **kwargs)
+
+    return methodcaller
 
 
 def check_field_names(names: Any, what: str, allowed: tuple[str, ...] = ()) -> None:
@@ -87,7 +90,7 @@ def check_field_names(names: Any, what: str, allowed: tuple[str, ...] = ()) -> N
                             "identifiers that do not start with '_')")
 
 
-def _safe_update_wrapper(wrapper: Any, wrapped: Any,
+def _safe_update_wrapper(provenance: Provenance, wrapper: Any, wrapped: Any,
                          assigned: Any = functools.WRAPPER_ASSIGNMENTS,
                          updated: Any = functools.WRAPPER_UPDATES) -> Any:
     """``functools.update_wrapper`` onto a function or instance defined in the sandbox,
@@ -95,7 +98,7 @@ def _safe_update_wrapper(wrapper: Any, wrapped: Any,
     if (tuple(assigned), tuple(updated)) != (functools.WRAPPER_ASSIGNMENTS,
                                              functools.WRAPPER_UPDATES):
         raise ValueError("custom 'assigned'/'updated' attributes are not supported in the sandbox")
-    if isinstance(wrapper, type) or not defined_in_sandbox(wrapper):
+    if isinstance(wrapper, type) or not provenance.made(wrapper):
         raise TypeError("functools.update_wrapper: the wrapper must be a function or an "
                         "instance defined in the sandbox")
     for name in ("__module__", "__name__", "__qualname__", "__doc__"):
@@ -115,34 +118,41 @@ def _safe_update_wrapper(wrapper: Any, wrapped: Any,
     return wrapper
 
 
-def _safe_wraps(wrapped: Any, assigned: Any = functools.WRAPPER_ASSIGNMENTS,
-                updated: Any = functools.WRAPPER_UPDATES) -> Callable[[Any], Any]:
-    return lambda wrapper: _safe_update_wrapper(wrapper, wrapped, assigned, updated)
+def _wrap_functions(provenance: Provenance) -> Mapping[str, Any]:
+    """``functools.update_wrapper`` and ``functools.wraps`` onto sandbox objects only."""
+
+    def update_wrapper(wrapper: Any, wrapped: Any, assigned: Any = functools.WRAPPER_ASSIGNMENTS,
+                       updated: Any = functools.WRAPPER_UPDATES) -> Any:
+        return _safe_update_wrapper(provenance, wrapper, wrapped, assigned, updated)
+
+    def wraps(wrapped: Any, assigned: Any = functools.WRAPPER_ASSIGNMENTS,
+              updated: Any = functools.WRAPPER_UPDATES) -> Callable[[Any], Any]:
+        return lambda wrapper: update_wrapper(wrapper, wrapped, assigned, updated)
+
+    return {"update_wrapper": update_wrapper, "wraps": wraps}
 
 
-def _writing_to_argument(function: Callable[..., Any]) -> Callable[..., Any]:
+def _writing_to_argument(function: Callable[..., Any], guards: Guards) -> Callable[..., Any]:
     """Wrap a decorator that sets attributes on its argument: only on sandbox objects."""
 
     @functools.wraps(function)
     def decorate(target: Any, *args: Any, **kwargs: Any) -> Any:
-        return function(guarded_write(target), *args, **kwargs)
+        return function(guards.write(target), *args, **kwargs)
 
     return decorate
 
 
-_NEUTRAL_BASES = frozenset({object, typing.Generic})
-
-
-def _check_dataclass_fields(target: type, context: SandboxContext) -> None:
-    """Raise unless every class ``target`` derives from was made by the sandbox and every
-    field ``dataclass`` would read (its own annotations, every base's dataclass fields) has a
-    public identifier for a name: dataclasses writes source code from them."""
+def _check_dataclass_fields(target: type, provenance: Provenance) -> None:
+    """Raise unless every class ``target`` derives from was made by the sandbox (or is an
+    allowed real base without dataclass fields) and every field ``dataclass`` would read (its
+    own annotations, every base's dataclass fields) has a public identifier for a name:
+    dataclasses writes source code from them. Which classes count is decided by identity."""
     for cls in target.__mro__:
-        if cls in _NEUTRAL_BASES or cls.__module__ == "builtins":
-            continue  # carry no dataclass fields
-        if cls not in context.made_classes:
-            raise TypeError(f"dataclass(): {cls.__qualname__!r} was not defined in the sandbox")
         namespace = type.__dict__["__dict__"].__get__(cls)
+        if cls in ALLOWED_BASES and "__dataclass_fields__" not in namespace:
+            continue  # a real class of the fixed allow-list: no dataclass fields
+        if cls not in provenance.classes:
+            raise TypeError(f"dataclass(): {cls.__qualname__!r} was not defined in the sandbox")
         annotations = namespace.get("__annotations__", {})
         fields = namespace.get("__dataclass_fields__", {})
         if type(annotations) is not dict or type(fields) is not dict:
@@ -154,7 +164,7 @@ def _check_dataclass_fields(target: type, context: SandboxContext) -> None:
             check_field_names([key], "dataclass field")
 
 
-def _safe_dataclass(context: SandboxContext) -> Callable[..., Any]:
+def _safe_dataclass(provenance: Provenance) -> Callable[..., Any]:
     """``dataclasses.dataclass`` for classes made by the sandbox (bases included) whose fields,
     inherited ones too, have public identifiers for names."""
 
@@ -162,8 +172,8 @@ def _safe_dataclass(context: SandboxContext) -> Callable[..., Any]:
         def wrap(target: Any) -> Any:
             if not isinstance(target, type):
                 raise TypeError("dataclass() applies only to classes defined in the sandbox")
-            _check_dataclass_fields(target, context)
-            return context.made_class(dataclasses.dataclass(target, **options))
+            _check_dataclass_fields(target, provenance)
+            return provenance.record(dataclasses.dataclass(target, **options))
 
         return wrap if cls is None else wrap(cls)
 
@@ -176,8 +186,9 @@ class _CheckedReconstruct:
     items) into an object the sandbox did not make, unless it is a new copy of the very object
     being copied (a stdlib object's own reduction)."""
 
-    def __init__(self, real: Callable[..., Any]) -> None:
+    def __init__(self, real: Callable[..., Any], guards: Guards) -> None:
         self.real = real
+        self.guards = guards
 
     def __call__(self, x: Any, memo: Any, func: Any, args: Any, state: Any = None,
                  listiter: Any = None, dictiter: Any = None, *rest: Any, **kwargs: Any) -> Any:
@@ -194,7 +205,7 @@ class _CheckedReconstruct:
                 raise TypeError("copy: this object's reduction rebuilds a class, module or "
                                 "function, which the sandbox refuses")
             fresh_copy = type(made) is type(x) and made is not x
-            if writes and not fresh_copy and not writable(made):
+            if writes and not fresh_copy and not self.guards.writable(made):
                 raise TypeError(f"copy: this object's reduction writes into a "
                                 f"{type(made).__name__!r} object the sandbox did not make")
             return made
@@ -202,21 +213,24 @@ class _CheckedReconstruct:
         return self.real(x, memo, build, args, state, listiter, dictiter, *rest, **kwargs)
 
 
-def _own_copy_module() -> types.ModuleType:
-    """A private instance of the ``copy`` module (not the one in ``sys.modules``) whose
-    reconstruction step is :class:`_CheckedReconstruct`: the sandbox's ``copy``."""
-    spec = importlib.util.find_spec("copy")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    module._reconstruct = _CheckedReconstruct(module._reconstruct)  # type: ignore[attr-defined]
+def own_copy_module(context: SandboxContext) -> types.ModuleType:
+    """The sandbox's ``copy``: a private instance of the module (not the one in
+    ``sys.modules``, built once per sandbox) whose reconstruction step is
+    :class:`_CheckedReconstruct`."""
+    module = context.modules.get("copy")
+    if module is None:
+        spec = importlib.util.find_spec("copy")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        module._reconstruct = _CheckedReconstruct(  # type: ignore[attr-defined]
+            module._reconstruct, context.guards)  # type: ignore[attr-defined]
+        context.modules["copy"] = module
     return module
 
 
-_COPY = _own_copy_module()
-
-
-def _fields_as(factory_name: str, pairs: bool) -> Callable[..., Any]:
+def _fields_as(copy_module: types.ModuleType, factory_name: str,
+               pairs: bool) -> Callable[..., Any]:
     """``dataclasses.asdict`` (``pairs``) or ``astuple``, copying leaf values with the
     sandbox's own ``copy.deepcopy``."""
 
@@ -232,7 +246,7 @@ def _fields_as(factory_name: str, pairs: bool) -> Callable[..., Any]:
         if isinstance(obj, dict):
             return type(obj)((convert(key, factory), convert(value, factory))
                              for key, value in obj.items())
-        return _COPY.deepcopy(obj)
+        return copy_module.deepcopy(obj)
 
     def fields_as(obj: Any, **options: Any) -> Any:
         factory = options.pop(factory_name, dict if pairs else tuple)
@@ -253,7 +267,7 @@ def _safe_namedtuple(context: SandboxContext) -> Callable[..., type]:
         """``collections.namedtuple``, always owned by the sandbox (no ``module=``)."""
         if module is not None:
             raise ValueError("namedtuple(module=...) is not supported in the sandbox")
-        return context.made_class(collections.namedtuple(
+        return context.provenance.record(collections.namedtuple(
             typename, field_names, rename=rename, defaults=defaults,
             module=SANDBOX_MODULE_NAME))
 
@@ -280,18 +294,23 @@ def _sandbox_enum(base: type, context: SandboxContext) -> type:
         check_field_names(keys, "Enum member name")
         if options.get("module") is None:
             options["module"] = SANDBOX_MODULE_NAME
-        return context.made_class(real_create.__func__(cls, class_name, names, **options))
+        return context.provenance.record(
+            real_create.__func__(cls, class_name, names, **options))
 
     real_create = base._create_
     safe = types.new_class(base.__name__, (base,), exec_body=lambda ns: ns.update(
         {"__module__": base.__module__, "__qualname__": base.__qualname__}))
     safe._create_ = classmethod(create)
+    context.provenance.vetted_bases.add(safe)
     return safe
 
 
-def _safe_dataclass_transform(**options: Any) -> Callable[[Any], Any]:
-    """``typing.dataclass_transform``: its decorator marks only objects the sandbox made."""
-    return _writing_to_argument(typing.dataclass_transform(**options))
+def _safe_dataclass_transform(guards: Guards) -> Callable[..., Callable[[Any], Any]]:
+    def dataclass_transform(**options: Any) -> Callable[[Any], Any]:
+        """``typing.dataclass_transform``: its decorator marks only objects the sandbox made."""
+        return _writing_to_argument(typing.dataclass_transform(**options), guards)
+
+    return dataclass_transform
 
 
 def _reveal_type(context: SandboxContext) -> Callable[[Any], Any]:
@@ -322,8 +341,8 @@ class _ModuleRule:
     """The replaced and added attributes (for this sandbox's context)."""
     plain_results: bool = False
     """Its functions return only numbers, strings and containers of what they were given, so
-    their results need no check (kept fast and identical: the shadow knows ``json.dumps``)."""
-    source: types.ModuleType | None = None
+    their results need no check (kept fast)."""
+    source: Callable[[SandboxContext], types.ModuleType] | None = None
     """The module the facade shows, if not the one in ``sys.modules``."""
 
     def replacements(self, context: SandboxContext) -> Mapping[str, Any]:
@@ -334,11 +353,12 @@ _ENUM_CLASSES = ("Enum", "IntEnum", "Flag", "IntFlag", "StrEnum")
 
 _MODULE_RULES: Final[dict[str, _ModuleRule]] = {
     "typing": _ModuleRule(
-        deny=frozenset({"get_type_hints", "ForwardRef"}),  # both eval strings
+        deny=frozenset({"get_type_hints", "ForwardRef",  # both eval strings
+                        "overload", "get_overloads", "clear_overloads"}),  # process-wide registry
         replace=lambda context: {
             "reveal_type": _reveal_type(context),
-            "dataclass_transform": _safe_dataclass_transform,
-            **{name: _writing_to_argument(getattr(typing, name))
+            "dataclass_transform": _safe_dataclass_transform(context.guards),
+            **{name: _writing_to_argument(getattr(typing, name), context.guards)
                for name in ("final", "no_type_check", "runtime_checkable")}}),
     "json": _ModuleRule(plain_results=True),
     "math": _ModuleRule(plain_results=True),
@@ -346,25 +366,30 @@ _MODULE_RULES: Final[dict[str, _ModuleRule]] = {
     "functools": _ModuleRule(
         deny=frozenset({"singledispatch", "singledispatchmethod"}),  # register() evals hints
         replace=lambda context: {
-            "update_wrapper": _safe_update_wrapper, "wraps": _safe_wraps,
-            "total_ordering": _writing_to_argument(functools.total_ordering)}),
-    "copy": _ModuleRule(source=_COPY, plain_results=True),  # copies of what it was given
+            **_wrap_functions(context.provenance),
+            "total_ordering": _writing_to_argument(functools.total_ordering, context.guards)}),
+    "copy": _ModuleRule(source=own_copy_module, plain_results=True),  # copies of its input
     "operator": _ModuleRule(
-        replace=lambda context: {"attrgetter": _safe_attrgetter,
-                                 "methodcaller": _safe_methodcaller}),
+        replace=lambda context: {"attrgetter": _safe_attrgetter(context.guards),
+                                 "methodcaller": _safe_methodcaller(context.guards),
+                                 **{name: _writing_to_argument(getattr(operator, name),
+                                                               context.guards)
+                                    for name in ("setitem", "delitem")}}),
     "string": _ModuleRule(deny=frozenset({"Formatter"})),
     "collections": _ModuleRule(deny=frozenset({"UserString"}),  # .format() is raw str.format
                                replace=lambda context: {"namedtuple": _safe_namedtuple(context)}),
     "enum": _ModuleRule(deny=frozenset({"global_enum", "global_enum_repr", "global_flag_repr",
-                                        "global_str", "EnumMeta", "EnumType", "ReprEnum"}),
+                                        "global_str", "EnumMeta", "EnumType", "ReprEnum",
+                                        "pickle_by_global_name", "pickle_by_enum_name"}),
                         replace=lambda context: {
                             name: _sandbox_enum(getattr(enum, name), context)
                             for name in _ENUM_CLASSES if hasattr(enum, name)}),
     "dataclasses": _ModuleRule(
         deny=frozenset({"make_dataclass"}),
-        replace=lambda context: {"dataclass": _safe_dataclass(context),
-                                 "asdict": _fields_as("dict_factory", pairs=True),
-                                 "astuple": _fields_as("tuple_factory", pairs=False)}),
+        replace=lambda context: {
+            "dataclass": _safe_dataclass(context.provenance),
+            "asdict": _fields_as(own_copy_module(context), "dict_factory", pairs=True),
+            "astuple": _fields_as(own_copy_module(context), "tuple_factory", pairs=False)}),
     "time": _ModuleRule(only=("sleep", "time", "time_ns", "monotonic", "monotonic_ns",
                               "perf_counter", "perf_counter_ns", "gmtime", "localtime",
                               "strftime", "mktime", "struct_time")),
@@ -375,36 +400,19 @@ _MODULE_RULES: Final[dict[str, _ModuleRule]] = {
     "html": _ModuleRule(only=("escape", "unescape")),
 }
 _MUTABLE_MODULE_VALUES = (types.ModuleType, dict, list, set, bytearray)
-_FUNCTION_TYPES = (types.FunctionType, types.BuiltinFunctionType, types.MethodType)
-_REFUSED_RESULTS = (types.ModuleType, types.FrameType, types.CodeType, types.TracebackType,
-                    typing.ForwardRef)
+_CALLABLE_TYPES = (types.FunctionType, types.BuiltinFunctionType, types.MethodType,
+                   functools.partial)
 
 
-def sandbox_value(value: Any, *, nested: bool = False) -> Any:
-    """What a facade function returned, as the sandbox may hold it: the real ``type`` and
-    other metaclasses become the sandbox's ``type``; modules, frames, code, tracebacks and
-    ``ForwardRef`` (which stdlib code evaluates) are refused; tuples, and lists inside them,
-    are mapped item by item."""
-    if isinstance(value, type):
-        return SandboxType if issubclass(value, type) else value
-    kind = type(value)
-    if kind is tuple or (nested and kind is list):
-        mapped = [sandbox_value(item, nested=True) for item in value]
-        return tuple(mapped) if kind is tuple else mapped
-    if isinstance(value, _REFUSED_RESULTS):
-        raise TypeError(f"this call returned a {kind.__name__} object, which the sandbox may "
-                        "not hold")
-    return value
-
-
-def _checked_results(function: Callable[..., Any]) -> Callable[..., Any]:
-    """``function`` with its results passed through :func:`sandbox_value`."""
-
-    @functools.wraps(function)
-    def call(*args: Any, **kwargs: Any) -> Any:
-        return sandbox_value(function(*args, **kwargs))
-
-    return call
+def _facade_value(value: Any, rule: _ModuleRule, provenance: Provenance) -> Any:
+    """A module attribute as its facade holds it: a function becomes a
+    :class:`~.provenance.SandboxFunction` (its results admitted unless the module returns only
+    plain data; a C function of such a module stays as it is, having no globals to read)."""
+    if not isinstance(value, _CALLABLE_TYPES):
+        return value
+    if rule.plain_results:
+        return SandboxFunction(value) if type(value) is types.FunctionType else value
+    return SandboxFunction(value, provenance.admit)
 
 
 class SandboxModule:
@@ -443,7 +451,7 @@ def module_facade(context: SandboxContext, name: str) -> SandboxModule:
     if name not in ALLOWED_MODULES:
         raise ImportError(f"module {name!r} is not available in the sandbox")
     rule = _MODULE_RULES.get(name, _ModuleRule())
-    module = rule.source or importlib.import_module(name)
+    module = rule.source(context) if rule.source else importlib.import_module(name)
     names = rule.only or getattr(module, "__all__", None) or list(vars(module))
     attributes: dict[str, Any] = {}
     for attr in names:
@@ -452,10 +460,9 @@ def module_facade(context: SandboxContext, name: str) -> SandboxModule:
         value = getattr(module, attr, MISSING)
         if value is MISSING or isinstance(value, _MUTABLE_MODULE_VALUES):
             continue
-        if isinstance(value, _FUNCTION_TYPES) and not rule.plain_results:
-            value = _checked_results(value)
-        attributes[attr] = value
-    attributes.update(rule.replacements(context))
+        attributes[attr] = _facade_value(value, rule, context.provenance)
+    for attr, value in rule.replacements(context).items():
+        attributes[attr] = _facade_value(value, rule, context.provenance)
     prefix = name + "."
     for submodule in ALLOWED_MODULES:
         if submodule.startswith(prefix) and "." not in submodule[len(prefix):]:
@@ -485,4 +492,4 @@ def guarded_import(context: SandboxContext) -> Callable[..., SandboxModule | Non
 
 
 __all__ = ["ALLOWED_MODULES", "INTERNAL_IMPORTS", "SandboxModule", "check_field_names",
-           "guarded_import", "module_facade", "sandbox_value"]
+           "guarded_import", "module_facade", "own_copy_module"]

@@ -75,12 +75,9 @@ class Sandbox:
         self.context = SandboxContext(self.namespace)
         """What this sandbox's builtins and module facades share (output.py)."""
         self._builtins = make_builtins(self.context)
-        self._builtins.update({
-            "FINAL": self._final_answer,
-            "FINAL_VAR": self._final_variable,
-            "SHOW_VARS": self._show_variables,
-            "help": self._help,
-        })
+        for name, helper in {"FINAL": self._final_answer, "FINAL_VAR": self._final_variable,
+                             "SHOW_VARS": self._show_variables, "help": self._help}.items():
+            self.install_builtin(name, helper)
         self.namespace["__builtins__"] = self._builtins
         self._tools: dict[str, tuple[str, Any]] = {}
         self.compiler: Callable[[str, str], types.CodeType] = compile_cell
@@ -91,8 +88,10 @@ class Sandbox:
 
     # -- extension points ----------------------------------------------------
     def install_builtin(self, name: str, value: Any) -> None:
-        """Add or replace a builtin visible to cells (guards such as ``_getattr_`` too)."""
-        self._builtins[name] = value
+        """Add or replace a builtin visible to cells (guards such as ``_getattr_`` too); one a
+        cell can name is admitted first (a Python function is held as a SandboxFunction)."""
+        admit = self.context.provenance.admit
+        self._builtins[name] = value if name.startswith("_") else admit(value)
 
     def builtin(self, name: str) -> Any:
         """The current builtin ``name`` (KeyError if there is none)."""
@@ -100,8 +99,8 @@ class Sandbox:
 
     def install_tool(self, name: str, signature: str, proxy: Callable[..., Any]) -> None:
         """Expose ``proxy`` as builtin ``name``; ``signature`` is shown by ``help()``."""
-        self._builtins[name] = proxy
-        self._tools[name] = (signature, proxy)
+        self.install_builtin(name, proxy)
+        self._tools[name] = (signature, self._builtins[name])
 
     def tool_names(self) -> list[str]:
         """Names of the installed tools."""

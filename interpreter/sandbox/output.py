@@ -2,7 +2,7 @@
 
 Each `Sandbox` has one :class:`SandboxContext`, handed to the builtins and module facades it
 builds (nothing is reached through module globals): the namespace (``dir()`` without
-arguments), the classes the sandbox made (class statements and the vetted class factories),
+arguments), its provenance (what it made, by identity: provenance.py) and guards (guards.py),
 the module facades built so far, and the :class:`OutputBuffer` of the cell now running, which
 ``print``, ``pprint.pprint``, ``typing.reveal_type``, ``SHOW_VARS`` and ``help`` write to
 (between cells, and in a shadow run, there is none and writes are dropped).
@@ -11,10 +11,12 @@ the module facades built so far, and the :class:`OutputBuffer` of the cell now r
 from __future__ import annotations
 
 import builtins
-import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
+
+from .guards import Guards
+from .provenance import Provenance
 
 
 class OutputBuffer:
@@ -57,10 +59,14 @@ class SandboxContext:
         self.namespace = namespace
         self.output: OutputBuffer | None = None
         """The output of the cell now running (None between cells)."""
-        self.made_classes: weakref.WeakSet[type] = weakref.WeakSet()
-        """Classes made by the sandbox: ``class`` statements and the vetted class factories."""
+        self.provenance = Provenance(namespace)
+        """What the sandbox made: classes, functions and their instances, by identity."""
+        self.guards = Guards(self.provenance)
+        """The attribute guards of this sandbox."""
         self.facades: dict[str, Any] = {}
         """Module facades built so far, by module name (see modules.py)."""
+        self.modules: dict[str, Any] = {}
+        """Private module instances behind facades (the sandbox's own ``copy``)."""
 
     @contextmanager
     def running(self, output: OutputBuffer) -> Iterator[OutputBuffer]:
@@ -75,16 +81,6 @@ class SandboxContext:
         """Write to the running cell's output (dropped between cells)."""
         if self.output is not None:
             self.output.write(text)
-
-    def made_class(self, cls: Any) -> Any:
-        """Record ``cls`` as made by the sandbox; returns it."""
-        if isinstance(cls, type):
-            self.made_classes.add(cls)
-        return cls
-
-    def build_class(self, function: Any, name: str, *bases: Any, **options: Any) -> Any:
-        """The ``class`` statement (``__build_class__``), recording what it makes."""
-        return self.made_class(builtins.__build_class__(function, name, *bases, **options))
 
 
 class Printer:

@@ -4,21 +4,15 @@
 ``compile_restricted_exec`` (plus annotated assignments, ``nonlocal`` and ``super().__init__``),
 so every attribute read goes through ``_getattr_``, every subscript through ``_getitem_``, every
 write through ``_write_``, and names starting with ``_`` are refused at compile time. The guards
-below are what those hooks call; they hold no state.
+below are the ones that hold no state (the per-sandbox ones are in guards.py), with the name
+check every attribute access goes through and the sandbox's one-argument ``type``.
 """
 
 from __future__ import annotations
 
-import _string  # type: ignore[import-not-found]
-import abc
 import ast
-import collections
-import decimal
-import functools
-import io
 import operator
 import re
-import string
 import types
 from collections.abc import Callable
 from typing import Any, Final
@@ -118,7 +112,6 @@ FORBIDDEN_ATTRIBUTES = frozenset(INSPECT_ATTRIBUTES) | frozenset({
 """Attribute names refused on every object (interpreter internals reachable without ``_``)."""
 
 _FORBIDDEN_PREFIXES = ("co_", "func_", "im_")
-_FORBIDDEN_RESULT_TYPES = (types.ModuleType, types.FrameType, types.CodeType, types.TracebackType)
 
 
 def check_attribute_name(obj: Any, name: Any) -> None:
@@ -134,133 +127,17 @@ def check_attribute_name(obj: Any, name: Any) -> None:
         raise AttributeError('"obj" of an exception is not accessible in the sandbox')
 
 
-class _SafeFormatter(string.Formatter):
-    """``str.format`` whose field lookups (``{0.attr}``, ``{0[key]}``) go through the guards."""
-
-    def get_field(self, field_name: str, args: Any, kwargs: Any) -> tuple[Any, Any]:
-        first, rest = _string.formatter_field_name_split(field_name)
-        obj = self.get_value(first, args, kwargs)
-        for is_attribute, key in rest:
-            obj = guarded_getattr(obj, key) if is_attribute else guarded_getitem(obj, key)
-        return obj, first
-
-
-def _safe_format(template: str, /, *args: Any, **kwargs: Any) -> str:
-    if not isinstance(template, str):
-        raise TypeError("format() needs a str template")
-    return _SafeFormatter().vformat(template, args, kwargs)
-
-
-def _safe_format_map(template: str, mapping: Any, /) -> str:
-    if not isinstance(template, str):
-        raise TypeError("format_map() needs a str template")
-    return _SafeFormatter().vformat(template, (), mapping)
-
-
-_STR_METHOD_OVERRIDES: Final = {"format": _safe_format, "format_map": _safe_format_map}
-_RAW_STR_FORMAT: Final = {str.format: _safe_format, str.format_map: _safe_format_map}
-
-
-def guarded_getattr(obj: Any, name: str, default: Any = MISSING) -> Any:
-    """``getattr`` for sandboxed code: refuses private and internal attributes, ``__init__``
-    except on ``super()`` of an object the sandbox made, and ABC registration."""
-    if name == "__init__" and type(obj) is super:
-        if not defined_in_sandbox(obj.__self__) or isinstance(obj.__self__, type):
-            raise AttributeError("super().__init__ is available only on objects of classes "
-                                 "defined in the sandbox")
-        return obj.__init__
-    check_attribute_name(obj, name)
-    if name == "register" and isinstance(obj, abc.ABCMeta):
-        raise AttributeError(f"{obj.__name__}.register() is not available in the sandbox (it "
-                             "changes what isinstance() answers for everyone)")
-    if name in _STR_METHOD_OVERRIDES:
-        if isinstance(obj, str):
-            return functools.partial(_STR_METHOD_OVERRIDES[name], obj)
-        if isinstance(obj, type) and issubclass(obj, str):
-            return _STR_METHOD_OVERRIDES[name]
-    try:
-        value = getattr(obj, name)
-    except AttributeError:
-        if default is MISSING:
-            raise
-        return default
-    if isinstance(value, _FORBIDDEN_RESULT_TYPES):
-        raise AttributeError(
-            f'"{name}" is a {type(value).__name__} object, which the sandbox may not access')
-    if name == "getbuffer" and isinstance(obj, io.BytesIO):
-        raise AttributeError('"getbuffer" is not accessible in the sandbox (no raw memory access)')
-    return _without_raw_format(value)
-
-
-def _without_raw_format(value: Any) -> Any:
-    """``value``, unless it is the raw ``str.format``/``format_map`` (reached e.g. through
-    ``super()`` in a ``str`` subclass): then the guarded version."""
-    if type(value) is types.BuiltinMethodType and isinstance(value.__self__, str) \
-            and value.__name__ in _STR_METHOD_OVERRIDES:
-        return functools.partial(_STR_METHOD_OVERRIDES[value.__name__], value.__self__)
-    try:
-        return _RAW_STR_FORMAT.get(value, value)
-    except TypeError:  # unhashable
-        return value
-
-
-def guarded_hasattr(obj: Any, name: str) -> bool:
-    """``hasattr`` that answers through :func:`guarded_getattr`."""
-    try:
-        guarded_getattr(obj, name)
-    except (AttributeError, TypeError):
-        return False
-    return True
-
-
-def guarded_getitem(obj: Any, key: Any) -> Any:
-    """``obj[key]`` (subscripts reach no interpreter internals)."""
-    return obj[key]
-
-
-_WRITABLE_TYPES = (list, dict, set, bytearray, collections.deque, decimal.Context)
-
-
-def defined_in_sandbox(obj: Any) -> bool:
-    """Whether ``obj`` is a function, a class or an instance of a class the sandbox defined."""
-    if isinstance(obj, types.FunctionType):
-        return obj.__module__ == SANDBOX_MODULE_NAME
-    cls = obj if isinstance(obj, type) else type(obj)
-    return getattr(cls, "__module__", None) == SANDBOX_MODULE_NAME
-
-
-def writable(obj: Any) -> bool:
-    """Whether sandboxed code may write items or attributes of ``obj``."""
-    return isinstance(obj, _WRITABLE_TYPES) or defined_in_sandbox(obj)
-
-
-def guarded_write(obj: Any) -> Any:
-    """Allow item/attribute writes on containers and on things defined in the sandbox."""
-    if writable(obj):
-        return obj
-    raise TypeError(
-        f"cannot modify {type(obj).__name__!r} objects in the sandbox (only lists, dicts, "
-        "sets and objects of classes defined in the sandbox can be changed)")
-
-
-def guarded_setattr(obj: Any, name: str, value: Any) -> None:
-    """``setattr`` for sandboxed code."""
-    check_attribute_name(obj, name)
-    setattr(guarded_write(obj), name, value)
-
-
-def guarded_delattr(obj: Any, name: str) -> None:
-    """``delattr`` for sandboxed code."""
-    check_attribute_name(obj, name)
-    delattr(guarded_write(obj), name)
-
-
 _INPLACE_OPERATORS: Final[dict[str, Callable[[Any, Any], Any]]] = {
     "+=": operator.iadd, "-=": operator.isub, "*=": operator.imul, "/=": operator.itruediv,
     "//=": operator.ifloordiv, "%=": operator.imod, "**=": operator.ipow,
     "<<=": operator.ilshift, ">>=": operator.irshift, "|=": operator.ior,
     "^=": operator.ixor, "&=": operator.iand, "@=": operator.imatmul,
 }
+
+
+def guarded_getitem(obj: Any, key: Any) -> Any:
+    """``obj[key]`` (subscripts reach no interpreter internals)."""
+    return obj[key]
 
 
 def guarded_inplacevar(op: str, target: Any, value: Any) -> Any:

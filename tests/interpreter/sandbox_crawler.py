@@ -40,7 +40,7 @@ IMPLEMENTATION_MODULES = frozenset({
 SANDBOX_CLASS_MODULES = frozenset({sandbox_module.SANDBOX_MODULE_NAME,
                                    *(f"agentrt.interpreter.sandbox.{part}" for part in (
                                        "policy", "modules", "cell_builtins", "output",
-                                       "namespace")),
+                                       "namespace", "provenance", "guards", "classes")),
                                    "agentrt.interpreter.worker", "agentrt.tools.errors",
                                    __name__})
 """Where the sandbox's own classes and functions live (``__name__``: classes that ``typing``'s

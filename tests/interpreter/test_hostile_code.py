@@ -203,6 +203,32 @@ HOSTILE_CELLS = [
     pytest.param("import numbers, functools\nfunctools.partial(getattr, numbers.Number, "
                  "'register')()(str)", "AttributeError", id="abc-register-via-getattr"),
     pytest.param("class A(metaclass=type):\n    pass", "SyntaxError", id="metaclass-keyword"),
+    # class statements: every base resolved and checked by identity, no metaclass of the model's
+    pytest.param("import typing\nclass M(typing.Type[int]):\n    pass\n"
+                 "M('X', (), {'__module__': 'builtins'})", "TypeError", id="alias-metaclass-base"),
+    pytest.param("import typing\nclass M(typing.Type):\n    pass", "TypeError",
+                 id="bare-type-alias-base"),
+    pytest.param("class M(type):\n    pass", "TypeError", id="sandbox-type-base"),
+    pytest.param("import typing\nclass A(typing.Any):\n    pass", "TypeError", id="any-base"),
+    pytest.param("import json\nclass A(json.dumps):\n    pass", "TypeError", id="function-base"),
+    pytest.param("import json\nclass A(type(json.dumps)):\n    pass", "TypeError",
+                 id="module-function-class-base"),
+    pytest.param("import difflib\nclass A(difflib.SequenceMatcher):\n    pass", "TypeError",
+                 id="unlisted-stdlib-base"),
+    pytest.param("import enum\nclass A(type(enum.Enum)):\n    pass", "TypeError",
+                 id="enum-metaclass-base"),
+    pytest.param("import json\ngetattr(json.dumps, '__globals__')", "AttributeError",
+                 id="module-function-globals"),
+    pytest.param("import json\njson.JSONDecoder.decode.__globals__", "SyntaxError",
+                 id="method-globals-attr"),
+    pytest.param("import json\nd = json.JSONDecoder.decode\nd.x = 1", "TypeError",
+                 id="write-module-function"),
+    pytest.param("import typing\ntyping.overload", "AttributeError", id="typing-overload"),
+    pytest.param("import enum\nenum.pickle_by_global_name", "AttributeError",
+                 id="enum-reduction-hook"),
+    pytest.param("import operator, collections\n"
+                 "operator.setitem(collections.UserDict(), 'a', 1)", "TypeError",
+                 id="setitem-through-write-guard"),
     pytest.param("async def f():\n    pass", "SyntaxError", id="async-def"),
     # resource exhaustion
     pytest.param("while True:\n    pass", "TimeoutError", id="busy-loop"),
@@ -453,6 +479,47 @@ def test_dataclass_checks_inherited_fields_and_refuses_foreign_bases():
     with pytest.raises(TypeError, match="was not defined in the sandbox"):
         dataclass(init=False)(target)
     for cls in (base, target):  # as if the sandbox had made them: the field itself is refused
-        sandbox.context.made_class(cls)
+        sandbox.context.provenance.record(cls)
     with pytest.raises(TypeError, match="not allowed in the sandbox"):
         dataclass(init=False)(target)
+
+
+def test_trust_reads_no_metadata_the_model_could_write():
+    """A class that claims the sandbox's module, or builtins, is still not the sandbox's: only
+    the classes the vetted path recorded are (by identity)."""
+    import dataclasses
+
+    from agentrt.interpreter.sandbox import SANDBOX_MODULE_NAME
+
+    sandbox = Sandbox()
+    guards, dataclass = sandbox.context.guards, sandbox.module_facade("dataclasses").dataclass
+    crafted = dataclasses.field()
+    crafted.name = "a,dict()['escaped:crafted']"
+    crafted._field_type = dataclasses._FIELD
+    for module in (SANDBOX_MODULE_NAME, "builtins"):
+        claims = type("Claims", (), {"__module__": module,
+                                     "__dataclass_fields__": {crafted.name: crafted}})
+        with pytest.raises(TypeError, match="cannot modify"):
+            guards.write(claims())
+        with pytest.raises(TypeError, match="was not defined in the sandbox"):
+            dataclass(init=False)(type("Target", (claims,), {"__module__": SANDBOX_MODULE_NAME}))
+    outcome = sandbox.execute("def f():\n    pass\nclass A:\n    pass\nf.x = A.y = A().z = 1")
+    assert outcome.error is None, outcome.error
+
+
+def test_a_cell_holds_no_real_python_function():
+    """Module functions and the sandbox's helpers reach the cell without globals to read; the
+    cell's own functions stay plain functions it can write to."""
+    import types
+
+    sandbox = Sandbox()
+    outcome = sandbox.execute(
+        "import json, operator, dataclasses\n"
+        "held = [json.dumps, json.JSONDecoder.decode, operator.attrgetter('a'), getattr, dir,\n"
+        "        help, dataclasses.dataclass(frozen=True), sorted]\n"
+        "def own():\n    return json.dumps([1])\n")
+    assert outcome.error is None, outcome.error
+    held = sandbox.namespace["held"]
+    assert not [value for value in held if type(value) is types.FunctionType]
+    assert type(sandbox.namespace["own"]) is types.FunctionType
+    assert sandbox.execute("print(own(), held[0]({'a': 1}))").stdout == '[1] {"a": 1}\n'

@@ -1,0 +1,151 @@
+"""The one path by which a cell makes a class: the ``class`` statement (``__build_class__``).
+
+:class:`ClassBuilder` resolves the bases itself before Python does: a base that is not a class
+is resolved through ``__mro_entries__`` only when it is one of typing's aliases (``List[int]``,
+``Generic[T]``, ``Protocol[T]``, ``NamedTuple``, ``TypedDict``...), whose implementations are
+known; every resolved base must then be a class the sandbox made or one of
+:data:`ALLOWED_BASES`, a short explicit list of real classes (object, the builtin data types
+and exceptions, the collections and numbers ABCs, typing's generic machinery, a few stdlib
+classes agent code subclasses) and the classes they derive from. The metaclass is never the
+model's: the ``metaclass`` keyword is refused, and the one Python derives from the bases must
+be one of :data:`ALLOWED_METACLASSES` (``type``, the ABC, enum and typing metaclasses). All of
+it is decided by identity. What the statement makes is recorded in the sandbox's provenance.
+
+``typing.Type[int]`` resolves to ``type``, which is not an allowed base: no cell can make a
+metaclass, hence no class with arbitrary dunders.
+"""
+
+from __future__ import annotations
+
+import builtins
+import collections
+import collections.abc
+import datetime
+import decimal
+import enum
+import fractions
+import io
+import json
+import numbers
+import random
+import string
+import types
+import typing
+from typing import Any
+
+from .provenance import Provenance, unwrap
+
+
+def _mro_closure(classes: list[type]) -> frozenset[type]:
+    return frozenset(base for cls in classes for base in cls.__mro__)
+
+
+def _typing_entry(alias: Any) -> type:
+    (entry,) = alias.__mro_entries__((alias,))
+    return entry
+
+
+_NAMED_TUPLE_BASE = _typing_entry(typing.NamedTuple)
+_TYPED_DICT_BASE = _typing_entry(typing.TypedDict)
+
+_EXCEPTIONS = [value for name, value in vars(builtins).items() if not name.startswith("_")
+               and isinstance(value, type) and issubclass(value, BaseException)]
+
+ALLOWED_BASES: frozenset[type] = _mro_closure([
+    object, int, float, complex, str, bytes, bytearray, list, dict, set, frozenset, tuple,
+    *_EXCEPTIONS,
+    collections.OrderedDict, collections.defaultdict, collections.Counter, collections.deque,
+    collections.ChainMap, collections.UserDict, collections.UserList,
+    *[getattr(collections.abc, name) for name in collections.abc.__all__],
+    numbers.Number, numbers.Complex, numbers.Real, numbers.Rational, numbers.Integral,
+    typing.Generic, typing.Protocol, _NAMED_TUPLE_BASE, _TYPED_DICT_BASE,
+    enum.Enum, enum.IntEnum, enum.Flag, enum.IntFlag, enum.StrEnum,
+    json.JSONEncoder, json.JSONDecoder, string.Template, random.Random,
+    decimal.Decimal, fractions.Fraction, datetime.date, datetime.datetime, datetime.time,
+    datetime.timedelta, datetime.tzinfo, io.StringIO, io.BytesIO,
+]) - {type}
+"""Real classes a class statement may derive from (besides what the sandbox made), with every
+class they derive from; ``type`` is never one of them."""
+
+ALLOWED_METACLASSES: frozenset[type] = frozenset({
+    type, type(collections.abc.Mapping), enum.EnumType, type(typing.Protocol),
+    type(_NAMED_TUPLE_BASE), type(_TYPED_DICT_BASE),
+})
+"""The metaclasses a class made by the sandbox may have."""
+
+_ALIAS_TYPES: frozenset[type] = frozenset(type(alias) for alias in (
+    typing.List, typing.List[int], list[int], typing.Callable, typing.Callable[[int], int],
+    typing.Tuple, typing.Tuple[int], typing.Generic[typing.AnyStr],
+    typing.Protocol[typing.AnyStr], typing.Annotated[int, 0], typing.Literal[0],
+    typing.Union[int, str],
+))
+"""Types of typing's aliases, whose ``__mro_entries__`` the builder calls."""
+_ENTRY_OBJECTS = (typing.NamedTuple, typing.TypedDict)
+"""Objects with an ``__mro_entries__`` of their own that the builder calls."""
+
+
+class ClassBuilder:
+    """The sandbox's ``__build_class__`` (see the module docstring)."""
+
+    def __init__(self, provenance: Provenance) -> None:
+        self.provenance = provenance
+
+    def __call__(self, body: Any, name: Any, *bases: Any, **keywords: Any) -> Any:
+        if keywords.pop("metaclass", type) is not type:  # the compiler passes ``type``
+            raise TypeError("class statements cannot choose a metaclass in the sandbox")
+        if type(body) is not types.FunctionType or not self.provenance.made_function(body):
+            raise TypeError("__build_class__ takes the body of a class statement")
+        bases = tuple(unwrap(base) for base in bases)
+        resolved = self.resolve(bases)
+        metaclass = _derived_metaclass(resolved)
+        if metaclass not in ALLOWED_METACLASSES:
+            raise TypeError(f"class {name}: its bases give it the metaclass "
+                            f"{metaclass.__qualname__!r}, which the sandbox does not allow")
+        cls = builtins.__build_class__(body, name, *bases, metaclass=metaclass, **keywords)
+        if not isinstance(cls, type) or type(cls) not in ALLOWED_METACLASSES \
+                or not all(self.allowed_base(base) for base in cls.__mro__[1:]):
+            raise TypeError(f"class {name}: the class made is not one the sandbox allows")
+        return self.provenance.record(cls)
+
+    def resolve(self, bases: tuple[Any, ...]) -> tuple[type, ...]:
+        """The classes ``bases`` stand for (``__mro_entries__`` resolved), each checked."""
+        resolved: list[type] = []
+        for base in bases:
+            if isinstance(base, type):
+                entries: tuple[Any, ...] = (base,)
+            elif type(base) in _ALIAS_TYPES or any(base is entry for entry in _ENTRY_OBJECTS):
+                entries = base.__mro_entries__(bases)
+                if type(entries) is not tuple:
+                    raise TypeError("__mro_entries__ must return a tuple")
+            else:
+                raise TypeError(f"a class can only derive from classes, not from "
+                                f"{type(base).__name__!r} objects")
+            for entry in entries:
+                if not isinstance(entry, type) or not self.allowed_base(entry):
+                    what = entry.__qualname__ if isinstance(entry, type) else repr(entry)
+                    raise TypeError(
+                        f"class bases: {what!r} is not a class the sandbox can derive from "
+                        "(classes defined in the sandbox, builtin data types and exceptions, "
+                        "collections, numbers, enum, typing's Generic/Protocol/NamedTuple/"
+                        "TypedDict and a few stdlib classes; docs/sandbox.md lists them)")
+            resolved.extend(entries)
+        return tuple(resolved)
+
+    def allowed_base(self, cls: type) -> bool:
+        """Whether a class statement may derive from ``cls``."""
+        provenance = self.provenance
+        return cls in ALLOWED_BASES or cls in provenance.classes or cls in provenance.vetted_bases
+
+
+def _derived_metaclass(bases: tuple[type, ...]) -> type:
+    """The metaclass Python gives a class with these bases (the most derived one)."""
+    winner: type = type
+    for base in bases:
+        meta = type(base)
+        if issubclass(winner, meta):
+            continue
+        if issubclass(meta, winner):
+            winner = meta
+            continue
+        raise TypeError("metaclass conflict: the bases' metaclasses are unrelated")
+    return winner

@@ -1,0 +1,161 @@
+"""What the sandbox made, and what it may hold: trust by identity, never by metadata.
+
+A :class:`Provenance` answers "did the sandbox make this?" from facts model code cannot write:
+a function's ``__globals__`` *is* the sandbox namespace (a read-only attribute, fixed when the
+function is made), a class is one of the classes the vetted class path recorded (identity, in
+a weak set), an instance's ``type()`` is such a class. Nothing it decides reads ``__module__``,
+``__qualname__``, a ``__dict__`` entry or ``__dataclass_fields__``, which a class's maker
+chooses.
+
+:meth:`Provenance.admit` is the one filter for real objects entering the sandbox (attribute
+reads, results of the module facades' functions): the real ``type`` and every other metaclass
+become the sandbox's ``type``; modules, frames, code objects, tracebacks, ``ForwardRef`` and
+module globals are refused; a real Python function becomes a :class:`SandboxFunction`, which
+calls it but has no ``__globals__``, ``__code__``, ``__closure__`` or defaults to read. So the
+only Python functions a cell ever holds are its own.
+"""
+
+from __future__ import annotations
+
+import builtins
+import sys
+import types
+import typing
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from .policy import SandboxType
+
+_REFUSED_KINDS = (types.ModuleType, types.FrameType, types.CodeType, types.TracebackType,
+                  typing.ForwardRef)
+
+
+class SandboxFunction:
+    """A real (trusted) Python function as the sandbox holds it: callable, with its name and
+    documentation, and nothing else. Its results pass through ``check`` when one is given.
+
+    It does not bind as a method (no ``__get__``): stored on a class it stays a plain callable.
+    """
+
+    __slots__ = ("_function", "_check", "__weakref__")
+
+    def __init__(self, function: Callable[..., Any],
+                 check: Callable[[Any], Any] | None = None) -> None:
+        object.__setattr__(self, "_function", function)
+        object.__setattr__(self, "_check", check)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        result = self._function(*args, **kwargs)
+        return result if self._check is None else self._check(result)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise TypeError("functions of the sandbox's modules are read-only")
+
+    __delattr__ = __setattr__  # type: ignore[assignment]
+
+    def __getattr__(self, name: str) -> str:
+        if name in ("__name__", "__qualname__"):
+            value = getattr(self._function, name, None)
+            return value if isinstance(value, str) else "function"
+        raise AttributeError(name)
+
+    @property
+    def __doc__(self) -> str | None:  # type: ignore[override]
+        doc = getattr(self._function, "__doc__", None)
+        return doc if isinstance(doc, str) else None
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is SandboxFunction and other._function is self._function
+
+    def __hash__(self) -> int:
+        return hash(self._function)
+
+    def __repr__(self) -> str:
+        return f"<function {self.__qualname__}>"
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise TypeError("functions cannot leave the sandbox")
+
+
+def unwrap(value: Any) -> Any:
+    """The real function behind a :class:`SandboxFunction` (trusted code only), else ``value``."""
+    return value._function if type(value) is SandboxFunction else value
+
+
+class Provenance:
+    """What one sandbox made (see the module docstring)."""
+
+    def __init__(self, namespace: dict[str, Any]) -> None:
+        self.namespace = namespace
+        self.classes: weakref.WeakSet[type] = weakref.WeakSet()
+        """Classes made through the vetted paths: class statements and the class factories."""
+        self.vetted_bases: weakref.WeakSet[type] = weakref.WeakSet()
+        """Classes the facades made for this sandbox that a class statement may derive from
+        (the enum classes), beside the fixed allow-list of classes.py; not writable."""
+        self._module_globals = _ModuleGlobals()
+
+    def record(self, cls: Any) -> Any:
+        """Record ``cls`` as made by the sandbox; returns it."""
+        if isinstance(cls, type):
+            self.classes.add(cls)
+        return cls
+
+    def made_function(self, obj: Any) -> bool:
+        """Whether ``obj`` is a function defined by a cell of this sandbox."""
+        return type(obj) is types.FunctionType and obj.__globals__ is self.namespace
+
+    def made(self, obj: Any) -> bool:
+        """Whether ``obj`` is a function, a class, or an instance of a class the sandbox made."""
+        if type(obj) is types.FunctionType:
+            return obj.__globals__ is self.namespace
+        return (obj if isinstance(obj, type) else type(obj)) in self.classes
+
+    def admit(self, value: Any, *, nested: bool = False) -> Any:
+        """``value`` as the sandbox may hold it (see the module docstring); tuples, and lists
+        inside them, are mapped item by item."""
+        kind = type(value)
+        if kind is types.FunctionType:
+            return value if value.__globals__ is self.namespace else SandboxFunction(value)
+        if isinstance(value, type):
+            return SandboxType if issubclass(value, type) else value
+        if kind is tuple or (nested and kind is list):
+            mapped = [self.admit(item, nested=True) for item in value]
+            return tuple(mapped) if kind is tuple else mapped
+        if isinstance(value, _REFUSED_KINDS) or (kind is dict and value is not self.namespace
+                                                 and self._module_globals.holds(value)):
+            raise TypeError(f"this is a {kind.__name__} object, which the sandbox may not hold")
+        return value
+
+    def admit_attribute(self, value: Any) -> Any:
+        """:meth:`admit` for an attribute just read (the value alone, containers as they are:
+        the hot path of every attribute read)."""
+        kind = type(value)
+        if kind is types.FunctionType:
+            return value if value.__globals__ is self.namespace else SandboxFunction(value)
+        if kind is dict:
+            if value is not self.namespace and self._module_globals.holds(value):
+                raise TypeError("this is a module's globals, which the sandbox may not hold")
+            return value
+        if isinstance(value, type):
+            return SandboxType if issubclass(value, type) else value
+        if isinstance(value, _REFUSED_KINDS):
+            raise TypeError(f"this is a {kind.__name__} object, which the sandbox may not hold")
+        return value
+
+
+class _ModuleGlobals:
+    """Recognises the globals dict of a loaded module (and the builtins' dict) by identity."""
+
+    def __init__(self) -> None:
+        self._ids: set[int] = set()
+        self._count = -1
+
+    def holds(self, value: dict[str, Any]) -> bool:
+        if "__builtins__" in value or value is vars(builtins):
+            return True
+        if len(sys.modules) != self._count:
+            modules = list(sys.modules.values())
+            self._ids = {id(vars(module)) for module in modules if module is not None}
+            self._count = len(sys.modules)
+        return id(value) in self._ids
