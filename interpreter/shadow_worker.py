@@ -207,6 +207,8 @@ class ShadowRun:
                                     if _has_builtin(sandbox, name)})
         for name, value in {**guards, **shadow_helpers()}.items():
             sandbox.install_builtin(name, value)
+        if "_getattr_" in guards:  # getattr(lazy, name) defers through the same guard
+            sandbox.install_builtin("getattr", guards["_getattr_"])
         for name, value in {"_print_": lambda _getattr=None: _SILENT, "FINAL": self._final,
                             "FINAL_VAR": self._final, "SHOW_VARS": _noop,
                             "help": _noop}.items():
