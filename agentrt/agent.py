@@ -428,6 +428,8 @@ class _Run:
         except BaseException:
             self._emit_stopped()
             raise
+        finally:
+            self._drop_run_state()
         wall = self.trace.now() if end is None else end
         self.trace.emit("run_finished", status=status, answer=repr(self.answer)[:200])
         return RunResult(
@@ -435,6 +437,12 @@ class _Run:
             wall_s=wall, trace=self.trace, error=error, namespace=namespace,
             exception=failure.cause if isinstance(failure, _Failure) else failure,
         )
+
+    def _drop_run_state(self) -> None:
+        """The run is over: let go of the sandbox and the speculator (the speculator has
+        released what it held), so that nothing of the run outlives it but its result."""
+        self.repl = None
+        self.speculator = NoSpeculation()
 
     def interrupted_result(self) -> RunResult:
         """The run so far, after Ctrl-C stopped it (its trace ends with ``run_finished``)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -106,7 +107,14 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from agentrt.engine import NativeEngine
 
     from .serve import serve
+    from .serve_auth import API_KEY_ENV
+    from .serve_limits import ServeLimits
 
+    limits = ServeLimits(
+        max_body_bytes=args.max_body_bytes, max_messages=args.max_messages,
+        max_requests=args.max_requests, max_connections=args.max_connections,
+        header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout)
+    api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     spec = dict(parse_drafter_config(args.drafter_config) or {})
     method = spec.pop("method", "suffix")
     engine = NativeEngine(model=args.model, dtype=args.dtype, drafter=method,
@@ -114,8 +122,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                           seed=args.seed, **spec)
     name = args.served_model_name or Path(str(args.model)).name
     print(f"serving {name} ({args.dtype}, precision {args.precision}, drafter {method}) "
-          f"at http://{args.host}:{args.port}/v1")
-    serve(engine, model_name=name, host=args.host, port=args.port)
+          f"at http://{args.host}:{args.port}/v1"
+          f"{' (API key required)' if api_key else ''}")
+    serve(engine, model_name=name, host=args.host, port=args.port, limits=limits,
+          api_key=api_key)
     return 0
 
 
@@ -165,6 +175,30 @@ def _cmd_bench(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     return subprocess.call([sys.executable, "-m", "benchmarks.run", *args.rest])
+
+
+def add_serve_limit_arguments(parser: argparse.ArgumentParser) -> None:
+    """``serve``'s API key and request / connection limits (defaults: `ServeLimits`)."""
+    from .serve_limits import ServeLimits
+
+    limits = ServeLimits()
+    parser.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on every endpoint "
+                                          "but /health (default: $AGENTRT_API_KEY)")
+    parser.add_argument("--max-body-bytes", type=int, default=limits.max_body_bytes,
+                        help="largest request body; larger is a 413 (default %(default)s)")
+    parser.add_argument("--max-messages", type=int, default=limits.max_messages,
+                        help="most messages in one request; more is a 400 (default %(default)s)")
+    parser.add_argument("--max-requests", type=int, default=limits.max_requests,
+                        help="chat requests in progress at once; one more is a 503 with "
+                             "Retry-After (default %(default)s)")
+    parser.add_argument("--max-connections", type=int, default=limits.max_connections,
+                        help="open HTTP connections (default %(default)s)")
+    parser.add_argument("--header-timeout", type=float, default=limits.header_timeout_s,
+                        help="seconds a connection has to send a request's headers "
+                             "(default %(default)s)")
+    parser.add_argument("--body-timeout", type=float, default=limits.body_timeout_s,
+                        help="seconds to receive a request's body; slower is a 408 "
+                             "(default %(default)s)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -239,6 +273,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="int8: faster CPU decode, logits close to but not equal to exact")
     srv.add_argument("--max-seq-len", type=int, default=4096)
     srv.add_argument("--seed", type=int, help="seeds requests that send no seed")
+    add_serve_limit_arguments(srv)
     srv.set_defaults(func=_cmd_serve)
 
     bench = sub.add_parser("bench", help="benchmarks (same as python -m benchmarks.run)")

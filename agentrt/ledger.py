@@ -10,14 +10,18 @@ budget on early calls (`SpeculationBudget`) and every question asked about them:
 new shadow may adopt, which to cancel, which to settle once their block has executed. What a
 settled call counts as (wasted or retracted) is the speculator's decision.
 
-Results cross to the sandbox by pickling, so the authoritative run never sees an object that a
-shadow process touched.
+Arguments are measured with `plain_size` (shared references counted each time), not
+serialised; a call whose arguments pass ``max_arg_bytes_per_launch``, or would take the run's
+total past ``max_arg_bytes_per_run``, is not launched. The ledger holds a call's payloads only as
+long as they can be used: its arguments until its tool has run, its result until it can no
+longer serve a claim or a shadow (its block executed, its turn ended, the run ended); then the
+call is dropped (`settle`, `release`). A claim gets a private copy of the result.
 """
 
 from __future__ import annotations
 
 import contextlib
-import pickle
+import copy
 from collections import Counter
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
@@ -25,6 +29,9 @@ from typing import Any
 
 import anyio
 from anyio.abc import TaskGroup
+
+from agentrt.interpreter.arg_limits import MAX_ARG_BYTES, MAX_ARG_DEPTH
+from agentrt.interpreter.protocol import PlainDataTooLarge, plain_size
 
 
 @dataclass(frozen=True)
@@ -36,9 +43,24 @@ class SpeculationBudget:
     max_per_turn: int = 256
     """Early calls launched in one turn; past it, launches are refused."""
     max_arg_bytes_in_flight: int = 4_000_000
-    """Total pickled size of the arguments of the early calls running at once."""
+    """Total size of the arguments of the early calls running at once (`plain_size`)."""
     max_per_shadow: int = 64
     """New early calls one shadow run may launch (a runaway loop in a half-written block)."""
+    max_arg_bytes_per_launch: int = 4_000_000
+    """Size of one early call's arguments (`plain_size`); a larger call is not launched early:
+    it runs when its statement executes."""
+    max_arg_bytes_per_run: int = 64_000_000
+    """Total size of the arguments of all the early calls one run launches; past it, calls run
+    when their statements execute."""
+
+
+def argument_bytes(args: tuple, kwargs: dict) -> int | None:
+    """The size of a call's arguments as `plain_size` counts it (None: past `MAX_ARG_BYTES` or
+    `MAX_ARG_DEPTH`, which the sandbox and the REPL refuse before a launch gets here)."""
+    try:
+        return plain_size((args, kwargs), limit=MAX_ARG_BYTES + 24, max_depth=MAX_ARG_DEPTH + 1)
+    except PlainDataTooLarge:
+        return None
 
 
 @dataclass(frozen=True)
@@ -84,6 +106,10 @@ class EarlyCall:
     result: Any = None
     error: BaseException | None = None
     done: anyio.Event = field(default_factory=anyio.Event)
+    released: bool = False
+    """Its payloads (arguments, result, error) were dropped: it serves nothing any more."""
+    taken: bool = False
+    """A claim took its outcome."""
     _scope: anyio.CancelScope | None = None
 
     @property
@@ -96,10 +122,19 @@ class EarlyCall:
         return self.state != "cancelled"
 
     def outcome(self) -> Any:
-        """The call's result (a private copy), or raise its exception."""
+        """The call's result (a private copy; strings and bytes, immutable, are shared), or
+        raise its exception."""
+        if self.released:
+            raise RuntimeError(f"early call #{self.id} of {self.tool!r} was released")
+        self.taken = True
         if self.error is not None:
             raise self.error
-        return pickle.loads(pickle.dumps(self.result))
+        return copy.deepcopy(self.result)
+
+    def release(self) -> None:
+        """Drop the payloads: the arguments, the result and the error."""
+        self.released = True
+        self.args, self.kwargs, self.result, self.error = (), {}, None, None
 
 
 Invoker = Callable[[EarlyCall], Awaitable[Any]]
@@ -119,6 +154,9 @@ class Ledger:
         self._queue: list[EarlyCall] = []
         self._running = 0
         self._running_bytes = 0
+        self._launched = 0
+        self.run_arg_bytes = 0
+        """Size of the arguments of every early call launched so far in the run."""
         self._launched_this_turn = 0
         self._launched_by_shadow: Counter[int] = Counter()
 
@@ -132,8 +170,17 @@ class Ledger:
         assert self._tg is not None and self._stack is not None
         self.cancel_unclaimed()
         self._tg.cancel_scope.cancel()  # claimed calls still running: the run is over
-        await self._stack.aclose()
+        try:
+            await self._stack.aclose()
+        finally:
+            self.release()
         return None  # an exception from the body propagates as it is
+
+    def release(self) -> None:
+        """Drop every call and its payloads (the run is over)."""
+        for call in self._calls:
+            call.release()
+        self._calls, self._queue = [], []
 
     # -- launching -----------------------------------------------------------------------
 
@@ -142,21 +189,35 @@ class Ledger:
         self._launched_this_turn = 0
         self._launched_by_shadow.clear()
 
-    def launch(self, tool: str, key: str, args: tuple, kwargs: dict,
-               origin: Origin) -> EarlyCall | None:
+    def arguments_refused(self, arg_bytes: int | None) -> str | None:
+        """Why a new early call with arguments of ``arg_bytes`` may not launch: ``"launch"``
+        (past ``max_arg_bytes_per_launch``), ``"run"`` (the run's total would pass
+        ``max_arg_bytes_per_run``), or None."""
+        if arg_bytes is None or arg_bytes > self.budget.max_arg_bytes_per_launch:
+            return "launch"
+        if self.run_arg_bytes + arg_bytes > self.budget.max_arg_bytes_per_run:
+            return "run"
+        return None
+
+    def launch(self, tool: str, key: str, args: tuple, kwargs: dict, origin: Origin,
+               arg_bytes: int | None = None) -> EarlyCall | None:
         """Start (or queue, past the in-flight budgets) an early call; ``None`` when the turn's
-        or the shadow's budget is spent, or the arguments cannot be pickled."""
+        or the shadow's budget is spent, or its arguments (``arg_bytes``, measured here when
+        not given) are refused (`arguments_refused`)."""
         if self._launched_this_turn >= self.budget.max_per_turn \
                 or self._launched_by_shadow[origin.shadow] >= self.budget.max_per_shadow:
             return None
-        try:
-            arg_bytes = len(pickle.dumps((args, kwargs)))
-        except Exception:
+        if arg_bytes is None:
+            arg_bytes = argument_bytes(args, kwargs)
+        if self.arguments_refused(arg_bytes) is not None:
             return None
+        assert arg_bytes is not None
         self._launched_this_turn += 1
         self._launched_by_shadow[origin.shadow] += 1
+        self._launched += 1
+        self.run_arg_bytes += arg_bytes
         call = EarlyCall(
-            id=len(self._calls) + 1, tool=tool, key=key, args=args, kwargs=kwargs,
+            id=self._launched, tool=tool, key=key, args=args, kwargs=kwargs,
             arg_bytes=arg_bytes, origin=origin, launched_s=self._clock(),
         )
         self._calls.append(call)
@@ -202,6 +263,7 @@ class Ledger:
                     call.result = await self._invoke(call)
                 except Exception as exc:  # the tool's own failure: kept for the claimer
                     call.error = exc
+        call.args, call.kwargs = (), {}  # the tool has run: its arguments are not needed
         self._running -= 1
         self._running_bytes -= call.arg_bytes
         if call.state == "running":
@@ -230,6 +292,7 @@ class Ledger:
             return False
         if call in self._queue:
             self._queue.remove(call)
+            call.args, call.kwargs = (), {}  # it never runs
         elif call.state == "running" and call._scope is not None:
             call._scope.cancel()
         if call.state != "done":
@@ -252,13 +315,23 @@ class Ledger:
 
     def settle(self, *, turn: int | None = None, block: int | None = None) -> list[EarlyCall]:
         """Cancel and return, once each, the unclaimed calls (of ``turn`` and ``block`` when
-        given) that have not been settled yet: what the authoritative run did not use."""
-        settled = []
+        given) that have not been settled yet: what the authoritative run did not use.
+
+        Their block has executed (or their turn ended), so no shadow adopts them any more: they
+        and the claimed calls whose outcome was taken are released and dropped."""
+        settled, kept = [], []
         for call in self._calls:
-            if call.claimed or call.settled or turn is not None and call.origin.turn != turn \
+            if turn is not None and call.origin.turn != turn \
                     or block is not None and call.origin.block != block:
+                kept.append(call)
                 continue
-            self.cancel(call)
-            call.settled = True
-            settled.append(call)
+            if not call.claimed and not call.settled:
+                self.cancel(call)
+                call.settled = True
+                settled.append(call)
+            if call.settled or call.taken:
+                call.release()
+            else:
+                kept.append(call)  # claimed, its claim still waiting: dropped with the run
+        self._calls = kept
         return settled

@@ -9,6 +9,12 @@ tokens, and serves lower ``priority`` values first (``priority`` and ``top_k`` a
 extra body fields). A client that disconnects cancels its request, which gives its KV blocks
 back. Bad requests get a 4xx with an OpenAI-style ``{"error": {"message", "type", "param"}}``.
 
+Limits (`ServeLimits`, in `agentrt.serve_limits`): body size, message count and JSON depth
+(4xx), requests in progress (a 503 with ``Retry-After`` beyond), and, under `serve`, the
+connection guards of `agentrt.serve_guard` (header, body and write deadlines, a connection
+cap). An API key (`agentrt.serve_auth`) makes every endpoint but ``/health`` need
+``Authorization: Bearer KEY``.
+
 Needs ``starlette`` and ``uvicorn`` (``pip install 'agentrt[serve]'``).
 """
 
@@ -16,19 +22,30 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import anyio
+import anyio.lowlevel
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agentrt.engine.base import Delta, Engine, EngineError, SamplingParams, Usage
 
+from .serve_auth import ApiKeyGate, exposure_warning
+from .serve_limits import (CLOSE, ConnectionCounts, RequestError, ServeLimits, check_json_depth,
+                           read_body)
+
+log = logging.getLogger("agentrt.serve")
+
 DEFAULT_MAX_TOKENS = 4096
 """``max_tokens`` of a request that sets none, for an engine without ``max_seq_len``."""
+
+MAX_STOP = 16
+"""Most ``stop`` strings in one request (each is checked against every new token)."""
 
 
 class _TextPart(BaseModel):
@@ -64,7 +81,7 @@ class ChatRequest(BaseModel):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=0)
     seed: int | None = None
-    stop: str | list[str] | None = None
+    stop: str | Annotated[list[str], Field(max_length=MAX_STOP)] | None = None
     stream: bool = False
     stream_options: _StreamOptions | None = None
     n: int = 1
@@ -72,25 +89,19 @@ class ChatRequest(BaseModel):
     tools: list[Any] | None = None
     logprobs: bool | None = None
 
-    def sampling(self, default_max_tokens: int) -> SamplingParams:
+    def sampling(self, context: int | None) -> SamplingParams:
+        """The engine's parameters; ``max_tokens`` is capped by ``context`` (the engine's
+        ``max_seq_len``), and is the whole context when the request sets none."""
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        wanted = self.max_completion_tokens or self.max_tokens
+        if context is None:
+            max_tokens = wanted or DEFAULT_MAX_TOKENS
+        else:
+            max_tokens = min(wanted or context, context)
         return SamplingParams(
-            max_tokens=self.max_completion_tokens or self.max_tokens or default_max_tokens,
+            max_tokens=max_tokens,
             temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, seed=self.seed,
             stop=tuple(stop), priority=self.priority)
-
-
-class RequestError(Exception):
-    """A request this server refuses: becomes an HTTP error with an OpenAI-style body."""
-
-    def __init__(self, status: int, message: str, param: str | None = None,
-                 kind: str = "invalid_request_error") -> None:
-        super().__init__(message)
-        self.status, self.message, self.param, self.kind = status, message, param, kind
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param,
-                          "code": None}}
 
 
 @dataclass
@@ -104,25 +115,55 @@ class RequestCounts:
     failed: int = 0
     rejected: int = 0
     """Refused with a 4xx before reaching the engine."""
+    overloaded: int = 0
+    """Refused with a 503: ``max_requests`` chat requests were in progress."""
+    unauthorized: int = 0
+    """Refused with a 401: no API key or a wrong one (any endpoint)."""
+
+
+class _Slot:
+    """One of the ``max_requests`` places for a chat request, given back exactly once."""
+
+    def __init__(self, server: ChatServer) -> None:
+        self.server = server
+        server.in_progress += 1
+        self.held = True
+
+    def release(self) -> None:
+        if self.held:
+            self.held = False
+            self.server.in_progress -= 1
 
 
 class ChatServer:
-    """The OpenAI-compatible API over one engine, as an ASGI app (`app`)."""
+    """The OpenAI-compatible API over one engine, as an ASGI app (`app`).
 
-    def __init__(self, engine: Engine, model_name: str) -> None:
+    ``limits`` bounds what a request may ask for and how many run at once; ``api_key`` (when
+    set) must come with every request but ``/health``. The connection guards need the server
+    to run under `uvicorn_config` (as `serve` does).
+    """
+
+    def __init__(self, engine: Engine, model_name: str, *, limits: ServeLimits | None = None,
+                 api_key: str | None = None) -> None:
         from starlette.applications import Starlette
         from starlette.routing import Route
 
         self.engine = engine
         self.model_name = model_name
+        self.limits = limits or ServeLimits()
         self.counts = RequestCounts()
+        self.connections = ConnectionCounts()
+        self.in_progress = 0
+        """Chat requests holding a slot: reading their body, queued in the engine or replying."""
         self.created = int(time.time())
-        self.app = Starlette(routes=[
+        self.app: Any = Starlette(routes=[
             Route("/v1/models", self.models, methods=["GET"]),
             Route("/v1/chat/completions", self.chat, methods=["POST"]),
             Route("/health", self.health, methods=["GET"]),
             Route("/metrics", self.metrics, methods=["GET"]),
         ])
+        if api_key:
+            self.app = ApiKeyGate(self.app, api_key, on_refused=self._unauthorized)
 
     # -- endpoints ---------------------------------------------------------------------------
 
@@ -139,10 +180,12 @@ class ChatServer:
         return JSONResponse({"status": "ok"})
 
     async def metrics(self, request):
-        """Request counts, the engine's metrics and its KV cache blocks (where it has them)."""
+        """Request and connection counts, the engine's metrics and its KV cache blocks."""
         from starlette.responses import JSONResponse
 
-        body: dict[str, Any] = {"requests": asdict(self.counts)}
+        body: dict[str, Any] = {"requests": {**asdict(self.counts),
+                                             "in_progress": self.in_progress},
+                                "connections": asdict(self.connections)}
         spec = getattr(self.engine, "metrics", lambda: None)()
         if spec is not None:
             body["speculation"] = spec.to_dict()
@@ -158,44 +201,61 @@ class ChatServer:
         return JSONResponse(body)
 
     async def chat(self, request):
+        from starlette.background import BackgroundTask
+        from starlette.requests import ClientDisconnect
         from starlette.responses import JSONResponse, StreamingResponse
 
+        if self.in_progress >= self.limits.max_requests:
+            self.counts.overloaded += 1
+            return _error_response(RequestError(
+                503, f"the server is busy: {self.in_progress} requests are in progress (at most "
+                     f"{self.limits.max_requests}); retry in {self.limits.retry_after_s} s",
+                kind="server_error", code="overloaded",
+                headers={"Retry-After": str(self.limits.retry_after_s), **CLOSE}))
+        slot = _Slot(self)
+        streaming = False  # a streaming reply gives its slot back when its events end
         try:
-            chat = self._parse(await request.body())
-            messages = [{"role": "system" if m.role == "developer" else m.role,
-                         "content": m.text()} for m in chat.messages]
-            params = chat.sampling(getattr(self.engine, "max_seq_len", DEFAULT_MAX_TOKENS))
-            self._check_prompt(messages)
-        except RequestError as exc:
-            self.counts.rejected += 1
-            return JSONResponse(exc.body(), status_code=exc.status)
-        rid = f"chatcmpl-{uuid.uuid4().hex}"
-        self.counts.running += 1
-        stream = self.engine.stream(messages, params)
-        try:
-            first = await anext(stream)  # an engine error before any text is still an HTTP error
-        except (EngineError, StopAsyncIteration) as exc:
-            await stream.aclose()
-            self._done("failed")
-            error = RequestError(500, f"generation failed: {exc}", kind="server_error")
-            return JSONResponse(error.body(), status_code=500)
-        if chat.stream:
-            from starlette.background import BackgroundTask
+            try:
+                chat = self._parse(await read_body(request, self.limits))
+                messages = [{"role": "system" if m.role == "developer" else m.role,
+                             "content": m.text()} for m in chat.messages]
+                params = chat.sampling(getattr(self.engine, "max_seq_len", None))
+                self._check_prompt(messages)
+            except RequestError as exc:
+                self.counts.rejected += 1
+                return _error_response(exc)
+            except ClientDisconnect:  # gone mid-body: nothing to answer
+                return JSONResponse({}, status_code=499)
+            rid = f"chatcmpl-{uuid.uuid4().hex}"
+            self.counts.running += 1
+            stream = self.engine.stream(messages, params)
+            if chat.stream:
+                include_usage = bool(chat.stream_options and chat.stream_options.include_usage)
+                events = _Events(self, rid, stream, include_usage, slot)
+                streaming = True
+                return StreamingResponse(events.body, media_type="text/event-stream",
+                                         headers={"Cache-Control": "no-cache"},
+                                         background=BackgroundTask(events.close))
+            return await self._complete(request, rid, stream)
+        finally:
+            if not streaming:
+                slot.release()
 
-            include_usage = bool(chat.stream_options and chat.stream_options.include_usage)
-            events = _Events(self, rid, first, stream, include_usage)
-            return StreamingResponse(events.run(), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"},
-                                     background=BackgroundTask(events.never_started))
+    # -- helpers -----------------------------------------------------------------------------
+
+    async def _complete(self, request, rid: str, stream: AsyncIterator[Delta]):
+        """The whole reply as one JSON response; the client going away cancels it."""
+        from starlette.responses import JSONResponse
+
         outcome: list[Any] = []
         async with anyio.create_task_group() as group:
-            group.start_soon(self._collect, first, stream, outcome, group.cancel_scope)
+            group.start_soon(self._collect, stream, outcome, group.cancel_scope)
             group.start_soon(_cancel_on_disconnect, request, group.cancel_scope)
         if not outcome:  # the client went away: the request was cancelled
             return JSONResponse({}, status_code=499)
-        if isinstance(outcome[0], EngineError):
+        if isinstance(outcome[0], Exception):
             error = RequestError(500, f"generation failed: {outcome[0]}", kind="server_error")
-            return JSONResponse(error.body(), status_code=500)
+            return _error_response(error)
         text, finish, usage = outcome
         return JSONResponse({
             "id": rid, "object": "chat.completion", "created": int(time.time()),
@@ -205,15 +265,18 @@ class ChatServer:
             "usage": _usage(usage),
         })
 
-    # -- helpers -----------------------------------------------------------------------------
-
     def _parse(self, raw: bytes) -> ChatRequest:
+        check_json_depth(raw, self.limits.max_json_depth)
         try:
             data = json.loads(raw)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             raise RequestError(400, f"the body is not JSON: {exc}") from None
         if not isinstance(data, dict):
             raise RequestError(400, "the body must be a JSON object")
+        messages = data.get("messages")
+        if isinstance(messages, list) and len(messages) > self.limits.max_messages:
+            raise RequestError(400, f"messages: {len(messages)} messages; this server accepts at "
+                                    f"most {self.limits.max_messages}", param="messages")
         try:
             chat = ChatRequest.model_validate(data)
         except ValidationError as exc:
@@ -248,18 +311,26 @@ class ChatServer:
         self.counts.running -= 1
         setattr(self.counts, how, getattr(self.counts, how) + 1)
 
-    async def _collect(self, first: Delta, stream: AsyncIterator[Delta], outcome: list[Any],
+    def _unauthorized(self) -> None:
+        self.counts.unauthorized += 1
+
+    async def _collect(self, stream: AsyncIterator[Delta], outcome: list[Any],
                        scope: anyio.CancelScope) -> None:
         parts, finish, usage, how = [], None, None, "cancelled"
         try:
             async with contextlib.aclosing(stream):
-                async for delta in _chain(first, stream):
-                    parts.append(delta.text)
+                async for delta in stream:
+                    await anyio.lowlevel.checkpoint()  # an engine that never waits: let the
+                    parts.append(delta.text)           # disconnect watch and other clients run
                     finish = delta.finish_reason or finish
                     usage = delta.usage or usage
+            if finish is None and not parts:
+                raise EngineError("the engine ended the stream without a reply")
             outcome[:] = ["".join(parts), finish, usage]
             how = "finished"
-        except EngineError as exc:
+        except Exception as exc:  # EngineError, or a bug in the engine: the client gets a 500
+            if not isinstance(exc, EngineError):
+                log.exception("the engine failed")
             outcome[:] = [exc]
             how = "failed"
         finally:
@@ -268,14 +339,20 @@ class ChatServer:
 
 
 class _Events:
-    """The server-sent events of one streaming reply; closing them cancels the generation."""
+    """The server-sent events of one streaming reply; closing them cancels the generation.
 
-    def __init__(self, server: ChatServer, rid: str, first: Delta, stream: AsyncIterator[Delta],
-                 include_usage: bool) -> None:
-        self.server, self.rid, self.first, self.stream = server, rid, first, stream
+    The first event (the assistant role) goes out as soon as the request is accepted, before
+    the engine has produced anything, so every accepted stream hears from the server at once;
+    an engine failure after that is an error event in the stream.
+    """
+
+    def __init__(self, server: ChatServer, rid: str, stream: AsyncIterator[Delta],
+                 include_usage: bool, slot: _Slot) -> None:
+        self.server, self.rid, self.stream, self.slot = server, rid, stream, slot
         self.include_usage = include_usage
         self.created = int(time.time())
         self.started = False
+        self.body = self._run()
 
     def _chunk(self, delta: dict[str, Any] | None, finish: str | None = None,
                usage: Any = None) -> str:
@@ -289,42 +366,45 @@ class _Events:
             body["usage"] = _usage(usage)
         return f"data: {json.dumps(body)}\n\n"
 
-    async def run(self) -> AsyncIterator[str]:
+    async def _run(self) -> AsyncIterator[str]:
         self.started = True
         how = "cancelled"
         try:
             yield self._chunk({"role": "assistant", "content": ""})
-            usage = None
+            usage, replied = None, False
             async with contextlib.aclosing(self.stream):
-                async for delta in _chain(self.first, self.stream):
+                async for delta in self.stream:
+                    await anyio.lowlevel.checkpoint()  # as in ChatServer._collect
+                    replied = True
                     if delta.text:
                         yield self._chunk({"content": delta.text})
                     usage = delta.usage or usage
                     if delta.finish_reason is not None:
                         yield self._chunk({}, delta.finish_reason)
+            if not replied:
+                raise EngineError("the engine ended the stream without a reply")
             if self.include_usage:
                 yield self._chunk(None, usage=usage or Usage())
             yield "data: [DONE]\n\n"
             how = "finished"
-        except EngineError as exc:
+        except Exception as exc:  # EngineError, or a bug in the engine: an error event
+            if not isinstance(exc, EngineError):
+                log.exception("the engine failed")
             how = "failed"
             error = RequestError(500, f"generation failed: {exc}", kind="server_error")
             yield f"data: {json.dumps(error.body())}\n\n"
         finally:
             self.server._done(how)
+            self.slot.release()
 
-    async def never_started(self) -> None:
-        """After the response: a client gone before the first event still cancels the request."""
+    async def close(self) -> None:
+        """After the response, however it ended: close the events (a client gone mid-stream
+        leaves them suspended) and, if they never started, the engine stream they hold."""
+        await self.body.aclose()  # type: ignore[attr-defined]
         if not self.started:
-            await self.stream.aclose()
+            await self.stream.aclose()  # type: ignore[attr-defined]
             self.server._done("cancelled")
-
-
-async def _chain(first: Delta, rest: AsyncIterator[Delta]) -> AsyncIterator[Delta]:
-    yield first
-    if first.finish_reason is None:
-        async for delta in rest:
-            yield delta
+            self.slot.release()
 
 
 async def _cancel_on_disconnect(request, scope: anyio.CancelScope) -> None:
@@ -336,6 +416,12 @@ async def _cancel_on_disconnect(request, scope: anyio.CancelScope) -> None:
             return
 
 
+def _error_response(error: RequestError):
+    from starlette.responses import JSONResponse
+
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+
 def _usage(usage: Any) -> dict[str, int]:
     prompt = getattr(usage, "prompt_tokens", 0)
     completion = getattr(usage, "completion_tokens", 0)
@@ -343,12 +429,36 @@ def _usage(usage: Any) -> dict[str, int]:
             "total_tokens": prompt + completion}
 
 
-def serve(engine: Engine, *, model_name: str, host: str = "127.0.0.1", port: int = 8000,
-          log_level: str = "info") -> None:
-    """Serve ``engine`` as ``model_name`` on ``host:port`` until interrupted."""
+def uvicorn_config(server: ChatServer, *, host: str = "127.0.0.1", port: int = 8000,
+                   log_level: str = "info") -> Any:
+    """The ``uvicorn.Config`` that serves ``server`` with its limits: the guarded h11 protocol
+    (header and write deadlines, connection cap), the keep-alive timeout and the header size
+    limit; no websockets."""
     import uvicorn
 
-    uvicorn.run(ChatServer(engine, model_name).app, host=host, port=port, log_level=log_level)
+    from .serve_guard import guarded_h11
+
+    limits = server.limits
+    return uvicorn.Config(
+        server.app, host=host, port=port, log_level=log_level, ws="none",
+        http=guarded_h11(limits, server.connections),
+        timeout_keep_alive=limits.keep_alive_s,  # type: ignore[arg-type]  # a float works
+        h11_max_incomplete_event_size=limits.max_header_bytes)
 
 
-__all__ = ["ChatRequest", "ChatServer", "RequestCounts", "RequestError", "serve"]
+def serve(engine: Engine, *, model_name: str, host: str = "127.0.0.1", port: int = 8000,
+          log_level: str = "info", limits: ServeLimits | None = None,
+          api_key: str | None = None) -> None:
+    """Serve ``engine`` as ``model_name`` on ``host:port`` until interrupted.
+
+    Warns loudly (log and stderr) when ``host`` is not loopback and there is no ``api_key``.
+    """
+    import uvicorn
+
+    exposure_warning(host, api_key)
+    server = ChatServer(engine, model_name, limits=limits, api_key=api_key)
+    uvicorn.Server(uvicorn_config(server, host=host, port=port, log_level=log_level)).run()
+
+
+__all__ = ["ChatRequest", "ChatServer", "RequestCounts", "RequestError", "ServeLimits", "serve",
+           "uvicorn_config"]

@@ -53,9 +53,16 @@ shadow was the spare fork], ``spec_launch``
 [early_id, tool, turn, block, lineno, deps, code_s: when the code that made the call was
 complete, posted_s: when its shadow got that code], ``spec_claim`` [seq, tool, early_id or None],
 ``spec_cancel`` [early_id, reason: wasted | retracted], ``spec_effect`` [turn, epoch],
-``spec_refused`` [tool], ``spec_shadow_error`` [error] (a shadow message that could not be
+``spec_refused`` [tool], ``spec_too_large`` [tool, turn, block, lineno, arg_bytes, limit, cap:
+launch | run] (a launch whose arguments pass the budget's ``max_arg_bytes_per_launch``, or would
+take the run's total past ``max_arg_bytes_per_run``: that call runs when its statement executes;
+once per call site and cap), ``spec_shadow_error`` [error] (a shadow message that could not be
 handled, or too many of them: that shadow is killed), and ``tool_started`` / ``tool_finished``
-with ``mode="early"``. Shadow messages arrive typed and checked by the REPL
+with ``mode="early"``.
+
+Memory: keys of calls with long arguments are kept as digests, a call's arguments are dropped
+once its tool has run, its result once its block has executed, and everything speculation held
+when the run ends (the trace keeps ids, names and sizes, never arguments or results). Shadow messages arrive typed and checked by the REPL
 (``agentrt.interpreter.frames``); a shadow is still untrusted, so nothing it says can end the
 run.
 """
@@ -64,6 +71,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
@@ -89,7 +97,7 @@ from agentrt.interpreter.unread_results import unread_result_lines, while_loop_l
 from agentrt.tools import Tool, ToolRegistry
 from agentrt.tools.scopes import ALL_SCOPES, overlaps
 
-from .ledger import EarlyCall, Ledger, Origin, SpeculationBudget
+from .ledger import EarlyCall, Ledger, Origin, SpeculationBudget, argument_bytes
 from .results import RunStats
 from .tool_calls import traced_call
 from .trace import Trace
@@ -104,6 +112,16 @@ SPARE_DELAY_S = 0.05
 (it would otherwise compete with that shadow for the CPU)."""
 MAX_SHADOW_MESSAGES = 1024
 """Messages one shadow may send; past it, it is killed (its speculation is best effort)."""
+MAX_KEY_CHARS = 256
+"""Call keys longer than this (large arguments) are kept as a digest (`compact_key`)."""
+
+
+def compact_key(key: str) -> str:
+    """``key`` when it is short, else ``"sha256:"`` and its digest: a call with large arguments
+    does not keep a copy of them in its key."""
+    if len(key) <= MAX_KEY_CHARS:
+        return key
+    return "sha256:" + hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
 
 logger = logging.getLogger(__name__)
 
@@ -266,6 +284,8 @@ class Speculator(NoSpeculation):
         self._shadow_ran = anyio.Event()
         """The current shadow has run all its code (or there is none)."""
         self._shadow_ran.set()
+        self._too_large_noted: set[tuple[int, int, int | None, str]] = set()
+        """(turn, block, line, cap) of the launches refused for their argument size, traced."""
 
     async def __aenter__(self) -> Speculator:
         async with contextlib.AsyncExitStack() as stack:
@@ -282,12 +302,22 @@ class Speculator(NoSpeculation):
     async def __aexit__(self, *exc: Any) -> None:
         assert self._tg is not None and self._stack is not None
         assert self._messages is not None
-        self._messages.close()
-        self._settle()
-        await self._kill_shadow()
-        await self._kill_spare()
-        self._tg.cancel_scope.cancel()
-        await self._stack.aclose()
+        try:
+            self._messages.close()
+            self._settle()
+            await self._kill_shadow()
+            await self._kill_spare()
+            self._tg.cancel_scope.cancel()
+            await self._stack.aclose()
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        """The run is over: drop everything speculation held (calls, their payloads, keys)."""
+        self.ledger.release()
+        self._shadow = self._spare = None
+        self._blocks, self._asked, self._tail, self._shadowed_code = [], {}, "", ""
+        self._too_large_noted.clear()
 
     # -- what the agent loop reports -------------------------------------------------------------
 
@@ -361,8 +391,12 @@ class Speculator(NoSpeculation):
         if not tool.speculate:
             self._effect(tool)
             return False, None
+        if self.ledger.arguments_refused(argument_bytes(args, kwargs)) == "launch":
+            self.trace.emit("spec_claim", seq=seq, tool=name, early_id=None)
+            self.stats.misses += 1  # no early call has arguments this large
+            return False, None
         try:
-            key = tool.call_key(args, kwargs)
+            key = compact_key(tool.call_key(args, kwargs))
         except Exception:
             return False, None  # let the plain call raise the same validation error
         if block is not None:
@@ -609,11 +643,15 @@ class Speculator(NoSpeculation):
         """The early call serving this launch: adopted, newly started, or None (refused)."""
         if name not in self.speculatable or self._overtakes_effect(name, shadow.epoch):
             return None
+        block, line = shadow.block_of(lineno)
+        arg_bytes = argument_bytes(args, kwargs)
+        if self.ledger.arguments_refused(arg_bytes) == "launch":
+            self._note_too_large(name, block, line, arg_bytes, "launch")
+            return None  # before its key: nothing this large was launched, or is kept
         try:
-            key = self.registry.get(name).call_key(args, kwargs)
+            key = compact_key(self.registry.get(name).call_key(args, kwargs))
         except Exception:
             return None
-        block, line = shadow.block_of(lineno)
         origin = Origin(self._turn, block, line, shadow.epoch, shadow.in_tail(lineno),
                         shadow.number)
         if origin.in_tail and not self._window_allows(shadow, origin, lineno, key, deps):
@@ -627,7 +665,10 @@ class Speculator(NoSpeculation):
         asked = self._asked.get((self._turn, block), Counter())[key]
         if asked >= shadow.block_occurrences[block, key]:
             return None  # the authoritative run has already made this call: too late
-        call = self.ledger.launch(name, key, args, kwargs, origin)
+        if self.ledger.arguments_refused(arg_bytes) == "run":
+            self._note_too_large(name, block, line, arg_bytes, "run")
+            return None
+        call = self.ledger.launch(name, key, args, kwargs, origin, arg_bytes)
         if call is None:
             return None  # a budget is spent
         self.stats.launched += 1
@@ -635,6 +676,19 @@ class Speculator(NoSpeculation):
                         lineno=line, deps=sorted({d.id for d in deps}), code_s=shadow.code_s,
                         posted_s=shadow.posted_s)
         return call
+
+    def _note_too_large(self, name: str, block: int, line: int | None, arg_bytes: int | None,
+                        cap: str) -> None:
+        """Trace, once per call site and cap, a launch refused for the size of its arguments."""
+        noted = (self._turn, block, line, cap)
+        if noted in self._too_large_noted:
+            return
+        self._too_large_noted.add(noted)
+        budget = self.ledger.budget
+        limit = budget.max_arg_bytes_per_launch if cap == "launch" \
+            else budget.max_arg_bytes_per_run
+        self.trace.emit("spec_too_large", tool=name, turn=self._turn, block=block, lineno=line,
+                        arg_bytes=arg_bytes, limit=limit, cap=cap)
 
     def _window_allows(self, shadow: _Shadow, origin: Origin, lineno: int | None, key: str,
                        deps: list[EarlyCall]) -> bool:
@@ -659,6 +713,8 @@ class Speculator(NoSpeculation):
         frame: HostFrame
         if call.state == "cancelled":
             frame = EarlyPoisoned(local_id, "cancelled")
+        elif call.released:
+            frame = EarlyPoisoned(local_id, "released")
         elif call.error is not None:
             frame = EarlyFailed(local_id, str(call.error))
         else:
@@ -682,4 +738,4 @@ class Speculator(NoSpeculation):
 
 
 __all__ = ["NoSpeculation", "Origin", "Speculator", "SpeculationBudget", "SHADOW_CPU_S",
-           "LAUNCH_WINDOW"]
+           "LAUNCH_WINDOW", "compact_key"]

@@ -38,7 +38,13 @@ op                frame              from, to: meaning
 
 The two directions are trusted differently:
 
-* runtime -> worker frames come from trusted code and are decoded with plain ``pickle``;
+* runtime -> worker frames come from trusted code and are decoded with plain ``pickle``. They
+  are written without copying their large values (:func:`encode_trusted`): a ``str`` or
+  ``bytes`` of at least :data:`OUT_OF_BAND_BYTES` leaves the pickle (a persistent id in its
+  place, the same one for each reference to it) and follows it, in order, as chunks of at most
+  :data:`CHUNK_BYTES` (each a 4-byte length and its bytes, UTF-8 with ``surrogatepass`` for a
+  ``str``; a zero length ends it), so the runtime holds one chunk of it at a time, never a
+  serialised copy of the whole value. A frame without such values is the plain frame;
 * worker -> runtime frames are **untrusted** (the worker runs model-written code). Frames longer
   than :data:`MAX_FRAME_BYTES` are refused before they are read. :func:`decode_untrusted` first
   checks the pickle's opcodes (:func:`check_untrusted_pickle`: only the opcodes that build plain
@@ -61,6 +67,7 @@ import pickle
 import re
 import socket
 import struct
+from collections.abc import Iterator
 from itertools import chain
 from typing import Any
 
@@ -76,6 +83,12 @@ MAX_VALUE_BYTES = 4 * MAX_FRAME_BYTES
 """Largest value a worker may return (its :func:`plain_size`, shared references expanded)."""
 MAX_VALUE_DEPTH = MAX_PLAIN_DEPTH + 4
 """How deeply a returned value may nest (a cell's result wraps its FINAL value twice)."""
+OUT_OF_BAND_BYTES = 1 << 20
+"""A ``str`` or ``bytes`` at least this long travels after a runtime -> worker frame's pickle."""
+CHUNK_BYTES = 1 << 20
+"""Characters (``str``) or bytes of such a value per chunk."""
+SMALL_FRAME_BYTES = 64 * 1024
+"""A runtime -> worker frame whose pickle is at most this long is sent as one piece."""
 
 SAFE_EXCEPTION_NAMES = frozenset({
     "ArithmeticError", "AssertionError", "AttributeError", "ConnectionError", "EOFError",
@@ -158,8 +171,84 @@ def encode_frame(message: dict[str, Any], *, limit: int | None = MAX_FRAME_BYTES
 
 
 def decode_trusted(payload: bytes) -> dict[str, Any]:
-    """Decode a frame sent by the runtime (trusted direction)."""
+    """Decode a frame sent by the runtime (trusted direction) that has no out-of-band values."""
     return pickle.loads(payload)
+
+
+class _OutOfBandPickler(pickle.Pickler):
+    """Pickles a runtime -> worker frame, leaving out its large strings and bytes (``leaves``,
+    in the order the pickle refers to them)."""
+
+    def __init__(self, file: io.BytesIO, leaves: list[str | bytes]) -> None:
+        super().__init__(file, protocol=PICKLE_PROTOCOL)
+        self.leaves = leaves
+        self._index: dict[int, int] = {}
+
+    def persistent_id(self, obj: Any) -> tuple[int, bool] | None:
+        kind = type(obj)
+        if (kind is str or kind is bytes) and len(obj) >= OUT_OF_BAND_BYTES:
+            index = self._index.get(id(obj))
+            if index is None:
+                index = self._index[id(obj)] = len(self.leaves)
+                self.leaves.append(obj)
+            return index, kind is str
+        return None
+
+
+def encode_trusted(message: dict[str, Any]) -> Iterator[bytes | memoryview]:
+    """A runtime -> worker frame as the pieces to send, in order: the length-prefixed pickle,
+    then each large ``str`` or ``bytes`` it left out, in chunks made as they are sent (see the
+    module docstring). A ``bytes`` value is sent from its own memory; a ``str`` is encoded one
+    chunk at a time."""
+    leaves: list[str | bytes] = []
+    body = io.BytesIO()
+    _OutOfBandPickler(body, leaves).dump(message)
+    view = body.getbuffer()
+    if len(view) > 0xFFFFFFFF:
+        raise FrameTooLargeError(f"message of {len(view)} bytes cannot be framed")
+    if len(view) <= SMALL_FRAME_BYTES:
+        yield HEADER.pack(len(view)) + bytes(view)
+    else:
+        yield HEADER.pack(len(view))
+        yield view
+    del view, body
+    for leaf in leaves:
+        if type(leaf) is str:
+            for start in range(0, len(leaf), CHUNK_BYTES):
+                piece = leaf[start:start + CHUNK_BYTES].encode("utf-8", "surrogatepass")
+                yield HEADER.pack(len(piece))
+                yield piece
+        else:
+            data = memoryview(leaf)
+            for start in range(0, len(data), CHUNK_BYTES):
+                yield HEADER.pack(min(CHUNK_BYTES, len(data) - start))
+                yield data[start:start + CHUNK_BYTES]
+        yield HEADER.pack(0)
+
+
+class _OutOfBandUnpickler(pickle.Unpickler):
+    """Unpickles a runtime -> worker frame, reading the values it left out from ``link``."""
+
+    def __init__(self, payload: bytes, link: FramedSocket) -> None:
+        super().__init__(io.BytesIO(payload))
+        self._link = link
+        self._leaves: list[str | bytes] = []
+
+    def persistent_load(self, pid: Any) -> Any:
+        index, is_str = pid
+        if index < len(self._leaves):
+            return self._leaves[index]
+        if index != len(self._leaves):
+            raise pickle.UnpicklingError(f"out-of-band value {index} out of order")
+        data = bytearray()
+        while True:
+            (length,) = HEADER.unpack(self._link._recv_exactly(HEADER.size))
+            if not length:
+                break
+            data += self._link._recv_exactly(length)
+        leaf = str(data, "utf-8", "surrogatepass") if is_str else bytes(data)
+        self._leaves.append(leaf)
+        return leaf
 
 
 class _PlainUnpickler(pickle.Unpickler):
@@ -387,9 +476,10 @@ class FramedSocket:
         self._sock.sendall(encode_frame(message))
 
     def recv(self) -> dict[str, Any]:
-        """Receive one message from the runtime; raise EOFError when the runtime is gone."""
+        """Receive one message from the runtime (with the values that follow its pickle, see
+        :func:`encode_trusted`); raise EOFError when the runtime is gone."""
         (length,) = HEADER.unpack(self._recv_exactly(HEADER.size))
-        return decode_trusted(self._recv_exactly(length))
+        return _OutOfBandUnpickler(self._recv_exactly(length), self).load()
 
     def close(self) -> None:
         """Close this process's descriptor (the peer keeps its own)."""

@@ -19,7 +19,7 @@ import anyio
 import anyio.abc
 
 from ..frames import HostFrame
-from ..protocol import encode_frame
+from ..protocol import encode_trusted
 from . import process_tree
 from .results import ReplProcessDied
 
@@ -104,15 +104,34 @@ class Proc:
                 os.close(pidfd)
 
     async def send(self, frame: HostFrame) -> None:
-        """Send ``frame`` on this process's connection (ReplProcessDied if it is gone)."""
+        """Send ``frame`` on this process's connection (ReplProcessDied if it is gone).
+
+        A large frame goes out in pieces, made as they are sent (`encode_trusted`: no copy of
+        its large values); if a later piece cannot be sent (cancelled, or the connection
+        failed), the process has a partial frame and is killed."""
         if not self.alive:
             raise ReplProcessDied(f"the sandbox {self.role} process is not running")
-        data = encode_frame(frame.to_message(), limit=None)
         try:
             async with self.send_lock:
-                await self.stream.send(data)
+                started = False
+                try:
+                    for piece in encode_trusted(frame.to_message()):
+                        await self.stream.send(piece)
+                        started = True
+                except BaseException:
+                    if started:
+                        self._cut_short()
+                    raise
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
             raise ReplProcessDied(f"the sandbox {self.role} process is gone") from exc
+
+    def _cut_short(self) -> None:
+        """A frame to this process was sent only in part: its connection is unusable."""
+        if self.stop_reason is None:
+            self.stop_reason = "a frame sent to it was cut short"
+        if self.pidfd is not None and not self.exited.is_set():
+            process_tree.signal_pidfd(self.pidfd, signal.SIGKILL)
+        self.mark_dead()
 
 
 class ProcessTable:
