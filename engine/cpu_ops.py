@@ -6,8 +6,9 @@ bf16-weight matmul (and its twin reading GGUF blocks, see `agentrt.engine.packed
 the SiLU gate, RoPE + KV-cache store and causal attention over a paged cache, and
 `decode_layers_paged`, which runs a whole step's layers through them in one call;
 ``csrc/int8_ops.c`` adds the integer matmul of int8-quantised activations against the GGUF
-blocks (`CpuOps.int8_linear`; with AVX512-VNNI kernels where the CPU has them). The sources
-(`_SOURCES`) are compiled once with gcc (``_GCC_FLAGS``) into one library in the agentrt home, cached by their content and the flags;
+blocks (`CpuOps.int8_linear`; with AVX512-VNNI kernels where the CPU has them). The C units
+(`_SOURCES`, each with its header) are compiled once with gcc (``_GCC_FLAGS``) into one library
+in the agentrt home, cached by the content of every source and header and by the flags;
 where that is impossible (no AVX2, no gcc, ``AGENTRT_CPU_KERNEL=0``) `cpu_ops` returns None and
 plain torch ops run instead.
 """
@@ -36,6 +37,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+# The structures passed to C, field for field as declared in csrc/layers.h (Matrix, Layer) and
+# csrc/kv_cache.h (Seq); tests/engine/test_c_layout.py compares their layout with the C side.
 class _Matrix(ctypes.Structure):
     _fields_ = [("dense", ctypes.c_void_p), ("packed", ctypes.c_void_p), ("kind", ctypes.c_int),
                 ("int8", ctypes.c_void_p)]
@@ -69,8 +72,10 @@ _GCC_FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-pthread
 _PACKED_KINDS = {"q4_1": 0, "q8_0": 1}
 CACHE_DTYPE = torch.float16
 """What the kernels store keys and values as: half the bytes attention streams per step."""
-_SOURCES = ("cpu_ops.c", "int8_ops.c", "team.c")
-"""The C files under ``engine/csrc/`` built into the one library."""
+_SOURCES = ("matmul.c", "norms.c", "kv_cache.c", "attention.c", "layers.c", "int8_ops.c", "team.c")
+"""The C units under ``engine/csrc/`` built into the one library: the bf16 and GGUF-block float
+matmuls, RMSNorm and the SiLU gate, RoPE + KV-cache store, paged attention, the fused layer
+step, the int8 matmuls and the worker team. The headers beside them (``*.h``) go with them."""
 
 
 class CpuOps:
@@ -221,9 +226,11 @@ def _check_rows(x: Tensor, w: "PackedMatrix | InterleavedMatrix") -> None:
 
 
 def _c_sources() -> dict[str, str]:
-    """The C sources of the helpers (``engine/csrc/*.c``, shipped as package data), by file name."""
+    """The C units of the helpers and every header beside them (``engine/csrc/*.c``, ``*.h``,
+    shipped as package data), by file name."""
     folder = resources.files(__package__).joinpath("csrc")
-    return {name: folder.joinpath(name).read_text() for name in _SOURCES}
+    headers = sorted(entry.name for entry in folder.iterdir() if entry.name.endswith(".h"))
+    return {name: folder.joinpath(name).read_text() for name in (*_SOURCES, *headers)}
 
 
 def _build_cpu_ops() -> CpuOps | None:
@@ -243,11 +250,11 @@ def _build_cpu_ops() -> CpuOps | None:
         if not target.is_file():
             target.parent.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory() as tmp:
-                paths = [Path(tmp) / name for name in sources]
-                for path, text in zip(paths, sources.values()):
-                    path.write_text(text)
+                for name, text in sources.items():
+                    (Path(tmp) / name).write_text(text)
+                units = [str(Path(tmp) / name) for name in _SOURCES]
                 out = Path(tmp) / "cpu_ops.so"
-                subprocess.run(["gcc", *_GCC_FLAGS, *map(str, paths), "-o", str(out), "-lm"],
+                subprocess.run(["gcc", *_GCC_FLAGS, *units, "-o", str(out), "-lm"],
                                check=True, capture_output=True, timeout=120)
                 os.replace(out, target)
         return CpuOps(ctypes.CDLL(str(target)))

@@ -18,12 +18,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* the worker team (team.c; these declarations must match it) */
-typedef void (*team_job)(void *ctx, int t, int T);
-void team_run(team_job job, void *ctx, int threads);
-void team_share(int64_t units, int t, int T, int64_t *a, int64_t *b);
+#include "int8_ops.h"
+#include "gguf.h"
+#include "team.h"
 
-/* x [M, K] (K % 32 == 0) -> codes q [M, K], scales d [M, K / 32], sx [M, K / 32]. */
 void quantize_q8_rows(const float *x, int64_t M, int64_t K, int8_t *q, float *d, float *sx) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
@@ -120,7 +118,7 @@ VNNI static inline __m256i q8_sum_vnni(const __m256i w[8], const int8_t *a) {
         const __m256i low4 = _mm256_set1_epi8(0x0F);                                          \
         __m256 acc[R];                                                                        \
         for (int i = 0; i < R; i++) acc[i] = _mm256_setzero_ps();                             \
-        for (int64_t b = 0; b < nb; b++, p += 160) {                                          \
+        for (int64_t b = 0; b < nb; b++, p += Q4_1_GROUP_BYTES) {                             \
             const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));           \
             const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16)));    \
             __m256i w[8];                                                                     \
@@ -143,7 +141,7 @@ VNNI static inline __m256i q8_sum_vnni(const __m256i w[8], const int8_t *a) {
         (void)sx;                                                                             \
         __m256 acc[R];                                                                        \
         for (int i = 0; i < R; i++) acc[i] = _mm256_setzero_ps();                             \
-        for (int64_t b = 0; b < nb; b++, p += 272) {                                          \
+        for (int64_t b = 0; b < nb; b++, p += Q8_0_GROUP_BYTES) {                             \
             const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));           \
             __m256i w[8];                                                                     \
             for (int g = 0; g < 8; g++)                                                       \
@@ -196,7 +194,7 @@ typedef struct {
 static void q8_blocks_job(void *ctx, int t, int T) {
     const Q8Job *j = (const Q8Job *)ctx;
     const int64_t M = j->M, N = j->N, K = j->K, nb = K / 32;
-    const int64_t group_bytes = nb * (j->kind == 0 ? 160 : 272), groups = (N + 7) / 8;
+    const int64_t group_bytes = nb * GGUF_GROUP_BYTES(j->kind), groups = (N + 7) / 8;
     const int rows = GROUPS == VNNI_GROUPS ? 8 : 4;  /* activation rows a pass: the kernels' most */
     int64_t g0, g1;
     team_share(groups, t, T, &g0, &g1);
@@ -241,7 +239,7 @@ void q8_blocks_linear(const int8_t *q, const float *d, const float *sx, const ui
    one matmul inside a parallel region that the caller already runs. */
 void q8_blocks_rows(const int8_t *q, const float *d, const float *sx, const uint8_t *w, int kind,
                     float *y, const float *residual, int64_t N, int64_t K, int64_t n0, int64_t n1) {
-    const int64_t nb = K / 32, group_bytes = nb * (kind == 0 ? 160 : 272);
+    const int64_t nb = K / 32, group_bytes = nb * GGUF_GROUP_BYTES(kind);
     for (int64_t G = n0 / 8; G * 8 < n1; G++) {
         const int64_t first = G * 8, valid = N - first < 8 ? N - first : 8;
         __m256 acc;

@@ -19,14 +19,9 @@
 #include <stdlib.h>
 #include <time.h>
 
-typedef void (*team_job)(void *ctx, int t, int T);
+#include "team.h"
 
 #define TEAM_MAX 64
-
-typedef struct {
-    atomic_int arrived;
-    atomic_int phase;
-} TeamBarrier;
 
 static struct {
     pthread_mutex_t run_lock;       /* held by the thread whose job runs */
