@@ -13,22 +13,21 @@
 * any other model: the sub-model, ``sub(prompt)`` after ``sub_latency_s`` (the prompt is the
   request's message contents joined by newlines).
 
-Usage is reported (chunk with ``stream_options.include_usage``, or the ``usage`` field).
+Usage is reported (chunk with ``stream_options.include_usage``, or the ``usage`` field). The HTTP
+side is `benchmarks.openai_stub.StubServer`'s.
 """
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from agentrt.engine.replay import split_tokens
 
-from .oolong.server import _Handler as _OpenAIHandler
-from .oolong.server import _Server
+from .openai_stub import BadRequest, Request, Response, StubServer
 
 ROOT_MODEL = "scripted-root"
 SUB_MODEL = "scripted-sub"
@@ -64,41 +63,24 @@ def _echo(prompt: str) -> str:
     return f"reply to: {prompt[:60]}"
 
 
-@dataclass
-class ScriptedServer:
-    """``with ScriptedServer(responses) as server:`` -- ``server.url`` is the ``/v1`` base URL."""
+class ScriptedServer(StubServer):
+    """``with ScriptedServer(responses) as server:`` -- ``server.base_url`` is the ``/v1`` URL."""
 
-    responses: Sequence[Script] = ()
-    sub: Callable[[str], str] = _echo
-    tokens_per_second: float = 200.0
-    sub_latency_s: float = 0.2
-    root: Callable[[list[dict[str, Any]]], Script] | None = None
-    root_model: str = ROOT_MODEL
-    waits: list[Wait] = field(default_factory=list)
-    sub_prompts: list[str] = field(default_factory=list)
-    root_requests: int = 0
-
-    def __post_init__(self) -> None:
-        self._lock = threading.Condition()
-        self._httpd = _Server(("127.0.0.1", 0), type("Handler", (_Handler,), {"owner": self}))
-
-    @property
-    def url(self) -> str:
-        host, port = self._httpd.server_address[:2]
-        return f"http://{host}:{port}/v1"
-
-    def start(self) -> ScriptedServer:
-        self._httpd.serve_in_background()
-        return self
-
-    def stop(self) -> None:
-        self._httpd.stop_serving()
-
-    def __enter__(self) -> ScriptedServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    def __init__(self, responses: Sequence[Script] = (), sub: Callable[[str], str] = _echo,
+                 tokens_per_second: float = 200.0, sub_latency_s: float = 0.2,
+                 root: Callable[[list[dict[str, Any]]], Script] | None = None,
+                 root_model: str = ROOT_MODEL) -> None:
+        super().__init__(model=None, models=[root_model, SUB_MODEL])
+        self.responses = responses
+        self.sub = sub
+        self.tokens_per_second = tokens_per_second
+        self.sub_latency_s = sub_latency_s
+        self.root = root
+        self.root_model = root_model
+        self.waits: list[Wait] = []
+        self.sub_prompts: list[str] = []
+        self.root_requests = 0
+        self._cond = threading.Condition()
 
     # -- replies -------------------------------------------------------------------------------
 
@@ -115,15 +97,15 @@ class ScriptedServer:
         return [script] if isinstance(script, str) else list(script)
 
     def sub_reply(self, prompt: str) -> str:
-        with self._lock:
+        with self._cond:
             self.sub_prompts.append(prompt)
-            self._lock.notify_all()
+            self._cond.notify_all()
         time.sleep(self.sub_latency_s)
         return self.sub(prompt)
 
     def play_root(self, parts: list[Part], emit: Callable[[str], None] | None) -> tuple[str, int]:
         """Pace the root's reply: ``emit`` each token (None: whole, after the same time)."""
-        with self._lock:
+        with self._cond:
             self.root_requests += 1
             subs_before = len(self.sub_prompts)
         start, released, text = time.monotonic(), 0, []
@@ -146,96 +128,40 @@ class ScriptedServer:
 
     def _wait_for_subs(self, wanted: int, timeout_s: float) -> float:
         started = time.monotonic()
-        with self._lock:
-            self._lock.wait_for(lambda: len(self.sub_prompts) >= wanted, timeout_s)
+        with self._cond:
+            self._cond.wait_for(lambda: len(self.sub_prompts) >= wanted, timeout_s)
             arrived = len(self.sub_prompts)
         waited = time.monotonic() - started
         self.waits.append(Wait(wanted, arrived, waited))
         return waited
 
-
-def _prompt_of(messages: list[dict[str, Any]]) -> str:
-    return "\n".join(str(m.get("content", "")) for m in messages)
-
-
-class _Handler(_OpenAIHandler):
-    """The simulated sub-model's HTTP plumbing (SSE chunks, JSON replies), scripted replies."""
-
-    owner: ScriptedServer
-
-    def do_GET(self) -> None:
-        if self.path.rstrip("/").endswith("/models"):
-            models = [self.owner.root_model, SUB_MODEL]
-            self._json(200, {"object": "list", "data": [
-                {"id": m, "object": "model", "owned_by": "agentrt-scripted"} for m in models]})
-        else:
-            self._json(404, {"error": {"message": f"no route {self.path}"}})
-
-    def do_POST(self) -> None:
-        raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        if not self.path.rstrip("/").endswith("/chat/completions"):
-            self._json(404, {"error": {"message": f"no route {self.path}"}})
-            return
-        try:
-            body = json.loads(raw or b"{}")
-            messages = body["messages"]
-            if not isinstance(messages, list):
-                raise TypeError
-        except (json.JSONDecodeError, KeyError, TypeError):
-            self._json(400, {"error": {"message": "the body needs a 'messages' list"}})
-            return
-        model = str(body.get("model", ""))
-        base = {"id": f"cmpl-{id(self)}", "created": int(time.time()), "model": model}
-        prompt_tokens = len(split_tokens(_prompt_of(messages)))
-        is_root = model == self.owner.root_model
+    def respond(self, request: Request, response: Response) -> None:
+        """The root's paced script or the sub-model's reply, streamed or whole."""
+        messages = request.messages()
+        prompt = request.prompt()
+        prompt_tokens = len(split_tokens(prompt))
+        is_root = request.model == self.root_model
         if is_root:
             try:
-                parts = self.owner.script_for(messages)
+                parts = self.script_for(messages)
             except LookupError as exc:
-                self._json(400, {"error": {"message": str(exc)}})
-                return
-        if body.get("stream"):
-            self._stream_headers()
-            self._event({**base, "object": "chat.completion.chunk", "choices": [
-                {"index": 0, "delta": {"role": "assistant", "content": ""},
-                 "finish_reason": None}]})
-            emit = self._emitter(base)
+                raise BadRequest(str(exc)) from exc
+        if request.stream:
+            response.open_stream()
             if is_root:
-                _, tokens = self.owner.play_root(parts, emit)
+                _, tokens = self.play_root(parts, response.piece)
             else:
-                text = self.owner.sub_reply(_prompt_of(messages))
-                emit(text)
+                text = self.sub_reply(prompt)
+                response.piece(text)
                 tokens = len(split_tokens(text))
-            self._event({**base, "object": "chat.completion.chunk", "choices": [
-                {"index": 0, "delta": {}, "finish_reason": "stop"}]})
-            if (body.get("stream_options") or {}).get("include_usage"):
-                self._event({**base, "object": "chat.completion.chunk", "choices": [],
-                             "usage": _usage(prompt_tokens, tokens)})
-            self._chunk(b"data: [DONE]\n\n")
-            self._chunk(b"")
+            response.finish("stop")
+            if request.include_usage:
+                response.usage(prompt_tokens, tokens)
+            response.close_stream()
             return
         if is_root:
-            text, tokens = self.owner.play_root(parts, None)
+            text, tokens = self.play_root(parts, None)
         else:
-            text = self.owner.sub_reply(_prompt_of(messages))
+            text = self.sub_reply(prompt)
             tokens = len(split_tokens(text))
-        self._json(200, {**base, "object": "chat.completion", "choices": [
-            {"index": 0, "message": {"role": "assistant", "content": text},
-             "finish_reason": "stop"}], "usage": _usage(prompt_tokens, tokens)})
-
-    def _emitter(self, base: dict[str, Any]) -> Callable[[str], None]:
-        def emit(piece: str) -> None:
-            self._event({**base, "object": "chat.completion.chunk", "choices": [
-                {"index": 0, "delta": {"content": piece}, "finish_reason": None}]})
-        return emit
-
-    def _stream_headers(self) -> None:
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Transfer-Encoding", "chunked")
-        self.end_headers()
-
-
-def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+        response.complete(text, "stop", prompt_tokens, tokens)

@@ -1,6 +1,6 @@
 """Fixtures shared by the whole suite. The test tree mirrors the source tree (tests/agentrt,
 tests/interpreter, tests/tools, tests/engine, tests/kernels, tests/benchmarks); this folder is
-on ``sys.path`` so that helpers such as ``fake_openai_server`` import by name."""
+on ``sys.path`` so that helpers such as ``random_models`` import by name."""
 
 from __future__ import annotations
 

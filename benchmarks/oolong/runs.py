@@ -244,7 +244,7 @@ async def _run_rlm(task: Task, style: str, mode: str, repeat: int, setting: Sett
     with contextlib.ExitStack() as stack:
         if root.kind == "replay":
             server = stack.enter_context(scripted_root(task, style, setting.root_tps))
-            root_url, root_model = server.url, ROOT_MODEL
+            root_url, root_model = server.base_url, ROOT_MODEL
         else:
             root_url, root_model = args.base_url, root.served_model
         run = await anyio.to_thread.run_sync(functools.partial(

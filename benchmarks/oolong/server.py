@@ -31,7 +31,6 @@ import argparse
 import bisect
 import hashlib
 import itertools
-import json
 import queue
 import re
 import sys
@@ -41,9 +40,8 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
 
+from ..openai_stub import Request, Response, StubServer
 from .tasks import Task, load_tasks
 
 MODEL_NAME = "simulated-30b-moe"
@@ -349,42 +347,25 @@ def check_simulatable(tasks: Sequence[Task]) -> None:
             "llm_query to a real OpenAI-compatible model instead.")
 
 
-class SimulatedSubModel:
-    """The server object: ``with SimulatedSubModel(oracle) as s: s.url`` (``http://127.0.0.1:port``)."""
+class SimulatedSubModel(StubServer):
+    """The server: ``with SimulatedSubModel(oracle) as s: s.url`` (``http://127.0.0.1:port``);
+    `benchmarks.openai_stub.StubServer` with the answers of `serve`."""
 
     def __init__(self, oracle: Oracle, latency: LatencyModel | None = None,
                  host: str = "127.0.0.1", port: int = 0) -> None:
         self.oracle = oracle
         self.latency = (latency or LatencyModel()).validate()
         self._engine = _EngineLoop(self.latency)
-        self._count_lock = threading.Lock()
-        self.requests = 0
-        handler = type("Handler", (_Handler,), {"server_model": self})
-        self._httpd = _Server((host, port), handler)
-
-    @property
-    def url(self) -> str:
-        host, port = self._httpd.server_address[:2]
-        return f"http://{host}:{port}"
+        super().__init__(model=MODEL_NAME, models=[MODEL_NAME], host=host, port=port, record=False)
 
     @property
     def peak_decoding(self) -> int:
         """The most streams that decoded in one step."""
         return self._engine.sim.peak_decoding
 
-    def start(self) -> SimulatedSubModel:
-        self._httpd.serve_in_background()
-        return self
-
     def stop(self) -> None:
-        self._httpd.stop_serving()
+        super().stop()
         self._engine.stop()
-
-    def __enter__(self) -> SimulatedSubModel:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     # -- serving one request -------------------------------------------------------------------
 
@@ -402,8 +383,6 @@ class SimulatedSubModel:
         if max_tokens is not None and len(pieces) > max_tokens:
             pieces, finish = pieces[:max_tokens], "length"
         prompt_tokens = lat.tokens(prompt)
-        with self._count_lock:
-            self.requests += 1
         time.sleep(lat.rtt_s + lat.ttft_overhead_s)
         rid, events = self._engine.submit(prompt_tokens, len(pieces))
         sent = 0
@@ -416,120 +395,20 @@ class SimulatedSubModel:
             raise
         return prompt_tokens, sent, finish
 
-
-class _Server(ThreadingHTTPServer):
-    """The HTTP server of both loopback servers (this one and `benchmarks.scripted_server`)."""
-
-    request_queue_size = 256
-    daemon_threads = True
-    _serving: threading.Thread | None = None
-
-    def serve_in_background(self) -> None:
-        """Serve on a daemon thread until `stop_serving`."""
-        self._serving = threading.Thread(target=self.serve_forever,
-                                         kwargs={"poll_interval": 0.05}, daemon=True)
-        self._serving.start()
-
-    def stop_serving(self) -> None:
-        """Stop serving, close the socket and wait for the serving thread."""
-        self.shutdown()
-        self.server_close()
-        if self._serving is not None:
-            self._serving.join(timeout=5)
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        if not isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
-            super().handle_error(request, client_address)
-
-
-def _prompt_of(messages: Sequence[dict]) -> str:
-    parts = []
-    for m in messages:
-        content = m.get("content", "")
-        if isinstance(content, list):
-            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-        parts.append(str(content))
-    return "\n".join(parts)
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server_model: SimulatedSubModel
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, format: str, *args: Any) -> None:
-        return None
-
-    def do_GET(self) -> None:
-        if self.path in ("/v1/models", "/models"):
-            self._json(200, {"object": "list", "data": [
-                {"id": MODEL_NAME, "object": "model", "owned_by": "agentrt-simulation"}]})
-        elif self.path == "/health":
-            self._json(200, {})
-        else:
-            self._json(404, {"error": {"message": f"no route {self.path}"}})
-
-    def do_POST(self) -> None:
-        raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        if self.path not in ("/v1/chat/completions", "/chat/completions"):
-            self._json(404, {"error": {"message": f"no route {self.path}"}})
-            return
-        try:
-            body = json.loads(raw or b"{}")
-            messages = body["messages"]
-            if not isinstance(messages, list):
-                raise TypeError
-        except (json.JSONDecodeError, KeyError, TypeError):
-            self._json(400, {"error": {"message": "the body needs a 'messages' list",
-                                       "type": "BadRequestError", "code": 400}})
-            return
-        prompt = _prompt_of(messages)
-        max_tokens = body.get("max_tokens") or body.get("max_completion_tokens")
-        base = {"id": f"cmpl-sim-{id(self)}", "created": int(time.time()), "model": MODEL_NAME}
-        if body.get("stream"):
-            self._stream(base, prompt, max_tokens)
+    def respond(self, request: Request, response: Response) -> None:
+        """Stream the reply of `serve` (usage included), or send it whole."""
+        prompt = request.prompt()
+        max_tokens = request.body.get("max_tokens") or request.body.get("max_completion_tokens")
+        if request.stream:
+            response.open_stream()
+            p, c, finish = self.serve(prompt, max_tokens, response.piece)
+            response.finish(finish)
+            response.usage(p, c)
+            response.close_stream()
         else:
             parts: list[str] = []
-            p, c, finish = self.server_model.serve(prompt, max_tokens, parts.append)
-            self._json(200, {**base, "object": "chat.completion", "choices": [
-                {"index": 0, "message": {"role": "assistant", "content": "".join(parts)},
-                 "finish_reason": finish}],
-                "usage": {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}})
-
-    def _stream(self, base: dict, prompt: str, max_tokens: int | None) -> None:
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Transfer-Encoding", "chunked")
-        self.end_headers()
-        kind = "chat.completion.chunk"
-
-        def emit(piece: str) -> None:
-            self._event({**base, "object": kind, "choices": [
-                {"index": 0, "delta": {"content": piece}, "finish_reason": None}]})
-
-        self._event({**base, "object": kind, "choices": [
-            {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]})
-        p, c, finish = self.server_model.serve(prompt, max_tokens, emit)
-        self._event({**base, "object": kind, "choices": [
-            {"index": 0, "delta": {}, "finish_reason": finish}]})
-        self._event({**base, "object": kind, "choices": [], "usage": {
-            "prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}})
-        self._chunk(b"data: [DONE]\n\n")
-        self._chunk(b"")
-
-    def _event(self, payload: dict) -> None:
-        self._chunk(b"data: " + json.dumps(payload).encode() + b"\n\n")
-
-    def _chunk(self, data: bytes) -> None:
-        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
-        self.wfile.flush()
-
-    def _json(self, code: int, payload: dict) -> None:
-        data = json.dumps(payload).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+            p, c, finish = self.serve(prompt, max_tokens, parts.append)
+            response.complete("".join(parts), finish, p, c)
 
 
 def _curve(text: str) -> tuple[tuple[int, float], ...]:
@@ -616,12 +495,11 @@ def main(argv: list[str] | None = None) -> int:
     server = SimulatedSubModel(oracle, latency, args.host, args.port)
     print(f"listening on {server.url}", flush=True)
     try:
-        server._httpd.serve_forever(poll_interval=0.1)
+        server.serve_forever()
     except KeyboardInterrupt:
         pass
     finally:
-        server._httpd.server_close()
-        server._engine.stop()
+        server.stop()
     return 0
 
 

@@ -15,7 +15,7 @@ import pytest
 from agentrt import Agent, ReplayEngine, tool
 from agentrt.engine import BaseEngine, Delta, EngineStreamError, Message, SamplingParams
 
-from fake_openai_server import FakeOpenAIServer, Raw, Stream, chunk, engine_for
+from benchmarks.openai_stub import Raw, Stream, StubServer, chunk, engine_for
 
 FAST = 2000.0
 
@@ -104,7 +104,7 @@ def test_an_engine_yielding_something_else_than_deltas_is_an_engine_error():
 
 @pytest.fixture
 def server():
-    with FakeOpenAIServer() as fake:
+    with StubServer() as fake:
         yield fake
 
 

@@ -1,5 +1,5 @@
 """The engine benchmark's command line, run for real against a scripted OpenAI-compatible server
-on 127.0.0.1 (tests/fake_openai_server.py), and its argument errors.
+on 127.0.0.1 (benchmarks/openai_stub.py), and its argument errors.
 
 The vLLM runs of the benchmark are in tests/engine/test_vllm_engine.py (``bash .ci/test-vllm.sh -k bench``).
 """
@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 import pytest
-from fake_openai_server import FakeOpenAIServer, Status, Stream
+from benchmarks.openai_stub import Status, Stream, StubServer
 
 from benchmarks import engine_bench
 
@@ -40,7 +40,7 @@ def _results(out: Path) -> dict:
 
 
 def test_openai_engine_against_a_served_endpoint(tmp_path):
-    with FakeOpenAIServer() as server:
+    with StubServer() as server:
         server.push(*[Stream(PIECES, delay_s=0.01) for _ in range(2)])  # warm-up, one prompt
         code = engine_bench.main([
             "--engine", "openai", "--base-url", server.url + "/v1", "--served-model", "fake-model",
@@ -65,7 +65,7 @@ def test_openai_engine_against_a_served_endpoint(tmp_path):
 
 
 def test_vllm_counters_of_the_server_give_tau_and_acceptance(tmp_path):
-    with FakeOpenAIServer() as server:
+    with StubServer() as server:
         server.metrics_text = METRICS_BEFORE
         server.push(
             Stream(PIECES[:2], metrics_after=_metrics_after(2, 0, 0)),
@@ -82,7 +82,7 @@ def test_vllm_counters_of_the_server_give_tau_and_acceptance(tmp_path):
 
 
 def test_without_served_model_an_unlisting_server_is_a_clear_error(tmp_path, capsys):
-    with FakeOpenAIServer() as server:  # it has no GET /v1/models
+    with StubServer() as server:  # it has no GET /v1/models
         code = engine_bench.main(["--engine", "openai", "--base-url", server.url,
                                   "--limit", "1", "--sets", "chat", "--out", str(tmp_path)])
     assert code == 2
@@ -93,7 +93,7 @@ def test_without_served_model_an_unlisting_server_is_a_clear_error(tmp_path, cap
 def test_a_failing_server_stops_the_run_with_its_error(tmp_path):
     from agentrt.engine import EngineError
 
-    with FakeOpenAIServer() as server:
+    with StubServer() as server:
         server.push(Status(400, "no such model"))
         with pytest.raises(EngineError, match="no such model"):
             engine_bench.main(["--engine", "openai", "--base-url", server.url, "--served-model",

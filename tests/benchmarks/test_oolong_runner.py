@@ -83,10 +83,10 @@ def test_settings_for_concurrency_levels_and_root_speeds(tmp_path):
 
 def test_failed_runs_never_make_a_speedup_or_an_identity(tmp_path, capsys):
     """A root that never reaches FINAL: every run fails, the runner says so and exits 1."""
-    from fake_openai_server import FakeOpenAIServer, Stream
+    from benchmarks.openai_stub import Stream, StubServer
 
     prose = Stream(["I think ", "the answer ", "is entity."])
-    with FakeOpenAIServer() as root:
+    with StubServer() as root:
         root.push(*[prose] * 40)
         code = bench.main(["--sizes", "1k", "--per-size", "1", "--engine", "openai",
                            "--base-url", f"{root.url}/v1", "--repeats", "2", "--max-turns", "2",
@@ -170,11 +170,11 @@ def test_few_shot_examples_are_other_question_types_and_leaks_are_refused():
 def test_served_root_through_the_same_runner(tmp_path):
     """``--engine openai`` against a server on loopback that streams the reference program."""
     from agentrt.engine.replay import split_tokens
-    from fake_openai_server import FakeOpenAIServer, Stream
+    from benchmarks.openai_stub import Stream, StubServer
 
     (task,) = generate([1024], 1, seed=9)
     (program,) = trajectory(task, "small")
-    with FakeOpenAIServer() as root:
+    with StubServer() as root:
         # warm-up, then per mode: the shared prompt prefilled, then the run
         root.push(Stream(["Hi"]), *[s for _ in range(4) for s in (
             Stream(["x"]), Stream(split_tokens(program)))])

@@ -1,5 +1,5 @@
 """Faults of an OpenAI-compatible server, on a real HTTP server on 127.0.0.1
-(tests/fake_openai_server.py): chunks of the wrong shape, bare ``data`` lines, a trickle of
+(benchmarks/openai_stub.py): chunks of the wrong shape, bare ``data`` lines, a trickle of
 bytes, keep-alives forever, a stream that never ends, retries past the deadline. Each ends in an
 `EngineStreamError` naming the URL (and the chunk), and the engine serves the next request."""
 
@@ -12,7 +12,7 @@ import pytest
 from agentrt.engine import EngineStreamError, complete
 from agentrt.engine.openai_engine import OpenAIEngine
 
-from fake_openai_server import FakeOpenAIServer, Raw, Status, Stream, chunk, engine_for
+from benchmarks.openai_stub import Raw, Status, Stream, StubServer, chunk, engine_for
 
 pytestmark = pytest.mark.anyio
 
@@ -22,12 +22,12 @@ DONE = "data: [DONE]\n\n"
 
 @pytest.fixture
 def server():
-    with FakeOpenAIServer() as fake:
+    with StubServer() as fake:
         yield fake
 
 
 
-async def _still_serves(engine: OpenAIEngine, server: FakeOpenAIServer) -> None:
+async def _still_serves(engine: OpenAIEngine, server: StubServer) -> None:
     server.push(Stream(["fine", " again"]))
     assert (await complete(engine, CHAT)).text == "fine again"
 

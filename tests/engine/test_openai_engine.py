@@ -1,4 +1,4 @@
-"""`OpenAIEngine` against a real scripted HTTP server on 127.0.0.1 (tests/fake_openai_server.py).
+"""`OpenAIEngine` against a real scripted HTTP server on 127.0.0.1 (benchmarks/openai_stub.py).
 
 Covers streaming in both API shapes, the request body, retry before the first token, no retry
 after it, 4xx, timeouts, connection refused, and vLLM's /metrics mapped to `DecodeMetrics`.
@@ -22,7 +22,7 @@ from agentrt.engine.drafter_config import (
     decode_metrics_from_request,
 )
 
-from fake_openai_server import FakeOpenAIServer, Hangup, Stall, Status, Stream, engine_for
+from benchmarks.openai_stub import Hangup, Stall, Status, Stream, StubServer, engine_for
 
 pytestmark = pytest.mark.anyio
 
@@ -107,7 +107,7 @@ vllm:iteration_tokens_total_created{engine="0",model_name="smol"} 1.795961791587
 
 @pytest.fixture
 def server():
-    with FakeOpenAIServer() as fake:
+    with StubServer() as fake:
         yield fake
 
 

@@ -44,9 +44,11 @@ def sub_rule(prompt: str) -> str:
 def make_rlm(server: ScriptedServer, environment: str, **extra) -> RLM:
     return RLM(
         backend="openai",
-        backend_kwargs={"model_name": server.root_model, "base_url": server.url, "api_key": "k"},
+        backend_kwargs={"model_name": server.root_model, "base_url": server.base_url,
+                        "api_key": "k"},
         other_backends=["openai"],
-        other_backend_kwargs=[{"model_name": SUB_MODEL, "base_url": server.url, "api_key": "k"}],
+        other_backend_kwargs=[{"model_name": SUB_MODEL, "base_url": server.base_url,
+                               "api_key": "k"}],
         environment=environment, max_iterations=4, logger=RLMLogger(), **extra)
 
 
@@ -299,7 +301,7 @@ answer["ready"] = True
     with ScriptedServer(root=root, tokens_per_second=4000) as server:
         for env in ("local", "agentrt"):
             rlm = RLM(backend="openai", backend_kwargs={
-                "model_name": server.root_model, "base_url": server.url, "api_key": "k"},
+                "model_name": server.root_model, "base_url": server.base_url, "api_key": "k"},
                 environment=env, max_depth=2, max_iterations=2)
             answers[env] = rlm.completion("the parent's context").response
     assert answers["agentrt"] == answers["local"] == "child said 42"
