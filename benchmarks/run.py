@@ -15,7 +15,7 @@ import sys
 
 SUITES = {
     "patterns": "benchmarks.pattern_bench",
-    "engine": "benchmarks.engine_bench",
+    "engine": "benchmarks.engine.cli",
     "oolong": "benchmarks.oolong.bench",
 }
 

@@ -39,7 +39,7 @@ import torch.nn.functional as F
 
 from agentrt.engine.drafters.base import best_time
 
-from .engine_common import load_prompts
+from .engine.common import load_prompts
 
 SHAPES: tuple[tuple[int, ...], ...] = (
     (1,), (1, 1), (1, 1, 1), (1, 1, 1, 1), (1, 1, 1, 1, 1, 1),

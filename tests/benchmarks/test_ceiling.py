@@ -37,10 +37,10 @@ def test_walk_adds_up_and_handles_tiny_outputs():
 
 
 def test_engine_benchmark_reports_the_ceiling_next_to_the_measured_system(tmp_path):
-    from benchmarks import engine_bench
+    from benchmarks.engine import cli
 
-    code = engine_bench.main(["--systems", "plain,ngram", "--sets", "agent_code", "--limit", "1",
-                              "--max-tokens", "24", "--out", str(tmp_path)])
+    code = cli.main(["--systems", "plain,ngram", "--sets", "agent_code", "--limit", "1",
+                     "--max-tokens", "24", "--out", str(tmp_path)])
     assert code == 0
     result = json.loads(next(tmp_path.glob("engine-*.json")).read_text())
     ngram = result["summary"]["agent_code"]["ngram"]

@@ -12,9 +12,16 @@ import os
 from pathlib import Path
 
 import pytest
-from benchmarks.openai_stub import Status, Stream, StubServer
 
-from benchmarks import engine_bench
+from benchmarks.engine import cli
+from benchmarks.engine.anchor import AnchorCheck
+from benchmarks.engine.catalogue import DEFAULT_VLLM_SPEC, NATIVE_SYSTEMS
+from benchmarks.engine.plan import drop_missing_llamacpp, make_plan
+from benchmarks.engine.report import markdown
+from benchmarks.engine.runs import Run, schedule
+from benchmarks.engine.summary import summarise
+from benchmarks.engine.systems import Row
+from benchmarks.openai_stub import Status, Stream, StubServer
 
 PIECES = ["Paris", " is", " the", " capital", " of", " France", "."]
 METRICS_BEFORE = """\
@@ -42,7 +49,7 @@ def _results(out: Path) -> dict:
 def test_openai_engine_against_a_served_endpoint(tmp_path):
     with StubServer() as server:
         server.push(*[Stream(PIECES, delay_s=0.01) for _ in range(2)])  # warm-up, one prompt
-        code = engine_bench.main([
+        code = cli.main([
             "--engine", "openai", "--base-url", server.url + "/v1", "--served-model", "fake-model",
             "--limit", "1", "--sets", "chat", "--max-tokens", "8", "--out", str(tmp_path)])
         requests = list(server.requests)
@@ -71,7 +78,7 @@ def test_vllm_counters_of_the_server_give_tau_and_acceptance(tmp_path):
             Stream(PIECES[:2], metrics_after=_metrics_after(2, 0, 0)),
             Stream(PIECES, delay_s=0.01, metrics_after=_metrics_after(2 + len(PIECES), 2, 3)),
         )
-        code = engine_bench.main([
+        code = cli.main([
             "--engine", "openai", "--base-url", server.url, "--served-model", "fake-model",
             "--limit", "1", "--sets", "copy_heavy", "--max-tokens", "8", "--out", str(tmp_path)])
     assert code == 0
@@ -83,7 +90,7 @@ def test_vllm_counters_of_the_server_give_tau_and_acceptance(tmp_path):
 
 def test_without_served_model_an_unlisting_server_is_a_clear_error(tmp_path, capsys):
     with StubServer() as server:  # it has no GET /v1/models
-        code = engine_bench.main(["--engine", "openai", "--base-url", server.url,
+        code = cli.main(["--engine", "openai", "--base-url", server.url,
                                   "--limit", "1", "--sets", "chat", "--out", str(tmp_path)])
     assert code == 2
     assert "/v1/models answered HTTP 404" in capsys.readouterr().err
@@ -96,7 +103,7 @@ def test_a_failing_server_stops_the_run_with_its_error(tmp_path):
     with StubServer() as server:
         server.push(Status(400, "no such model"))
         with pytest.raises(EngineError, match="no such model"):
-            engine_bench.main(["--engine", "openai", "--base-url", server.url, "--served-model",
+            cli.main(["--engine", "openai", "--base-url", server.url, "--served-model",
                                "x", "--limit", "1", "--sets", "chat", "--out", str(tmp_path)])
     assert not list(tmp_path.iterdir())
 
@@ -115,20 +122,20 @@ def test_a_failing_server_stops_the_run_with_its_error(tmp_path):
 ])
 def test_argument_errors_exit_with_a_clear_message(argv, message, capsys):
     with pytest.raises(SystemExit) as exited:
-        engine_bench.main(argv)
+        cli.main(argv)
     assert exited.value.code == 2
     assert message in capsys.readouterr().err
 
 
 def test_engine_picks_the_default_systems_and_drafter_config_is_parsed():
     def plan(*argv):
-        args, parser = engine_bench.parse_args(list(argv))
-        return engine_bench.make_plan(args, parser)
+        args, parser = cli.parse_args(list(argv))
+        return make_plan(args, parser)
 
-    assert plan().systems == list(engine_bench.NATIVE_SYSTEMS)
+    assert plan().systems == list(NATIVE_SYSTEMS)
     vllm = plan("--engine", "vllm")
     assert vllm.systems == ["plain", "vllm", "vllm-spec"]
-    assert vllm.vllm_spec_config == vllm.drafter_config == engine_bench.DEFAULT_VLLM_SPEC
+    assert vllm.vllm_spec_config == vllm.drafter_config == DEFAULT_VLLM_SPEC
     custom = plan("--engine", "vllm", "--drafter-config", '{"method": "suffix"}', "--systems", "vllm-spec")
     assert custom.systems == ["vllm-spec"] and custom.vllm_spec_config == {"method": "suffix"}
     native = plan("--drafter-config", '{"draft_tokens": 6}')
@@ -140,7 +147,7 @@ def test_engine_picks_the_default_systems_and_drafter_config_is_parsed():
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
 def test_vllm_engine_without_vllm_exits_2_with_the_install_hint(tmp_path, capsys):
-    code = engine_bench.main(["--engine", "vllm", "--limit", "1", "--sets", "chat",
+    code = cli.main(["--engine", "vllm", "--limit", "1", "--sets", "chat",
                               "--out", str(tmp_path)])
     assert code == 2
     err = capsys.readouterr().err
@@ -152,13 +159,13 @@ def test_llamacpp_without_llama_cpp_is_skipped_with_a_note(tmp_path, capsys, mon
     import sys
 
     monkeypatch.setitem(sys.modules, "llama_cpp", None)  # `import llama_cpp` raises ImportError
-    args, parser = engine_bench.parse_args(["--systems", "plain,llamacpp"])
-    plan = engine_bench.make_plan(args, parser)
-    note = engine_bench.drop_missing_llamacpp(plan)
+    args, parser = cli.parse_args(["--systems", "plain,llamacpp"])
+    plan = make_plan(args, parser)
+    note = drop_missing_llamacpp(plan)
     assert plan.systems == ["plain"]
     assert note.startswith("llamacpp skipped") and "pip install llama-cpp-python" in note
     # with nothing else to run, the benchmark stops before loading anything
-    code = engine_bench.main(["--systems", "llamacpp", "--limit", "1", "--out", str(tmp_path)])
+    code = cli.main(["--systems", "llamacpp", "--limit", "1", "--out", str(tmp_path)])
     assert code == 2
     err = capsys.readouterr().err
     assert "llamacpp skipped" in err and "no system left" in err and "loaded" not in err
@@ -171,7 +178,7 @@ def test_every_system_runs_alone_in_a_process_of_its_own(tmp_path, monkeypatch):
     # relative paths mean the same in every child as here: a config file named from this cwd
     monkeypatch.chdir(tmp_path)
     Path("native.json").write_text('{"draft_tokens": 3}')
-    code = engine_bench.main(["--systems", "plain,plain-int8", "--sets", "chat", "--limit", "1",
+    code = cli.main(["--systems", "plain,plain-int8", "--sets", "chat", "--limit", "1",
                               "--max-tokens", "4", "--repeats", "2", "--threads", "1",
                               "--drafter-config", "native.json", "--out", "out"])
     assert code == 0
@@ -189,21 +196,19 @@ def test_every_system_runs_alone_in_a_process_of_its_own(tmp_path, monkeypatch):
 
 
 def test_schedule_brackets_every_pass_with_the_anchor_and_rotates_the_rest():
-    assert engine_bench.schedule(["plain", "plain-int8", "llamacpp"], 2) == [
+    assert schedule(["plain", "plain-int8", "llamacpp"], 2) == [
         "llamacpp", "plain", "plain-int8", "llamacpp", "plain-int8", "plain", "llamacpp"]
-    assert engine_bench.schedule(["a", "b", "c"], 3) == ["a", "b", "c", "b", "c", "a",
-                                                        "c", "a", "b"]
-    assert engine_bench.schedule(["llamacpp"], 2) == ["llamacpp", "llamacpp"]
+    assert schedule(["a", "b", "c"], 3) == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    assert schedule(["llamacpp"], 2) == ["llamacpp", "llamacpp"]
     with pytest.raises(ValueError, match="at least 1"):
-        engine_bench.schedule(["plain"], 0)
+        schedule(["plain"], 0)
 
 
-def _run(system: str, index: int, decode_tok_s: float, prefill_s: float) -> "engine_bench.Run":
+def _run(system: str, index: int, decode_tok_s: float, prefill_s: float) -> Run:
     """A run of one prompt: 101 tokens, so 100 decode tokens at ``decode_tok_s``."""
-    row = engine_bench.Row(system, "agent_code", "agent-0", 300, 101, prefill_s,
-                           100 / decode_tok_s, prefill_s + 100 / decode_tok_s, pid=1000 + index,
-                           run=index)
-    return engine_bench.Run(system, index, 1000 + index, 1.0, [row])
+    row = Row(system, "agent_code", "agent-0", 300, 101, prefill_s, 100 / decode_tok_s,
+              prefill_s + 100 / decode_tok_s, pid=1000 + index, run=index)
+    return Run(system, index, 1000 + index, 1.0, [row])
 
 
 def _table_row(md: str, system: str) -> dict[str, str]:
@@ -219,15 +224,15 @@ def _anchored(anchor_speeds: list[float]) -> tuple[dict, str]:
             _run("plain", 2, 40.0, 0.4)]
     runs += [_run("llamacpp", 3 + i, s, 0.8) for i, s in enumerate(anchor_speeds[1:])]
     systems = ["plain", "plain-int8", "llamacpp"]
-    check = engine_bench.AnchorCheck.of(runs, 0.10)
+    check = AnchorCheck.of(runs, 0.10)
     rows = [row for run in runs for row in run.rows]
-    summary = engine_bench.summarise(rows, systems, ["agent_code"], anchor=check)
+    summary = summarise(rows, systems, ["agent_code"], anchor=check)
     meta = {"time": "t", "model": "m", "dtype": "bf16", "device": "cpu", "cpu": "x", "threads": 2,
             "max_tokens": 128, "systems": systems, "reference": "plain",
             "descriptions": {s: s for s in systems}, "anchor": check.describe(),
             "anchor_ok": check.ok, "anchor_bounds": check.bounds(runs),
             "anchor_prefill_bounds": check.prefill_bounds(runs)}
-    return summary, engine_bench.markdown(summary, meta)
+    return summary, markdown(summary, meta)
 
 
 def test_an_unsteady_anchor_withholds_every_ratio_against_llama_cpp():
@@ -244,7 +249,7 @@ def test_an_unsteady_anchor_withholds_every_ratio_against_llama_cpp():
     assert "`plain-int8` 4.00x-4.00x faster; `plain` 2.00x-2.00x faster." in md
     runs = [_run("llamacpp", 0, 100.0, 0.8), _run("plain-int8", 1, 80.0, 0.2),
             _run("llamacpp", 2, 70.0, 0.6), _run("plain-int8", 3, 80.0, 0.25)]
-    assert engine_bench.AnchorCheck.of(runs, 0.10).prefill_bounds(runs) == {
+    assert AnchorCheck.of(runs, 0.10).prefill_bounds(runs) == {
         "plain-int8": pytest.approx((0.6 / 0.25, 0.8 / 0.2))}
 
 
@@ -265,7 +270,7 @@ def test_a_steady_anchor_gives_decode_and_prefill_ratios():
 @pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None,
                     reason="llama-cpp-python is not installed")
 def test_llama_cpp_anchor_runs_around_the_native_system_in_fresh_processes(tmp_path):
-    code = engine_bench.main(["--systems", "plain-int8,llamacpp", "--sets", "chat", "--limit", "1",
+    code = cli.main(["--systems", "plain-int8,llamacpp", "--sets", "chat", "--limit", "1",
                               "--max-tokens", "4", "--repeats", "1", "--threads", "1",
                               "--anchor-tolerance", "0.99", "--out", str(tmp_path)])
     assert code == 0

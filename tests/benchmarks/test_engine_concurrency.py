@@ -1,4 +1,4 @@
-"""`benchmarks.engine_concurrency`: the concurrency suite's system list and its per-process runs.
+"""`benchmarks.engine.concurrency`: the concurrency suite's system list and its per-process runs.
 
 The vLLM runs themselves are in tests/engine/test_vllm_engine.py (vllm-marked)."""
 
@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from benchmarks import engine_concurrency
+from benchmarks.engine import concurrency
 
 
 def _args(tmp_path, **over) -> argparse.Namespace:
@@ -39,7 +39,7 @@ def test_a_list_without_a_native_system_runs_and_reports(tmp_path, capsys):
         built.append((system, options))
         return NativeEngine(model=str(path), dtype="bf16", threads=1, max_seq_len=2048)
 
-    code = engine_concurrency.run(_args(tmp_path), ["llamacpp", "vllm"], ["agent_code"], make_engine)
+    code = concurrency.run(_args(tmp_path), ["llamacpp", "vllm"], ["agent_code"], make_engine)
     assert code == 0
     assert built == [("vllm", {})]  # no prefix-scenario engines: those are for native systems
     results = _results(tmp_path)
@@ -54,7 +54,7 @@ def test_a_list_without_a_native_system_runs_and_reports(tmp_path, capsys):
 
 
 def test_no_runnable_system_is_a_clear_error(tmp_path, capsys):
-    code = engine_concurrency.run(_args(tmp_path), ["llamacpp"], ["agent_code"], None)
+    code = concurrency.run(_args(tmp_path), ["llamacpp"], ["agent_code"], None)
     assert code == 2
     assert "none of those was asked for" in capsys.readouterr().err
     assert not list(tmp_path.glob("engine-*"))
@@ -64,7 +64,7 @@ def test_no_runnable_system_is_a_clear_error(tmp_path, capsys):
 def test_each_system_runs_in_a_child_and_failures_are_reported(tmp_path, capfd):
     """Two systems: each runs in a child process of its own; here both fail (no vLLM), and
     the run says which and why, writes what it has and exits 1."""
-    code = engine_concurrency.run(_args(tmp_path), ["vllm", "vllm-spec"], ["agent_code"], None)
+    code = concurrency.run(_args(tmp_path), ["vllm", "vllm-spec"], ["agent_code"], None)
     assert code == 1
     err = capfd.readouterr().err
     assert "vllm in its own process" in err and "vllm-spec in its own process" in err
@@ -80,8 +80,8 @@ def test_native_systems_run_alone_each_in_its_own_process(tmp_path):
     once, with the first native system."""
     import os
 
-    code = engine_concurrency.run(_args(tmp_path, engine="native"), ["plain", "ngram"],
-                                  ["agent_code"], None)
+    code = concurrency.run(_args(tmp_path, engine="native"), ["plain", "ngram"], ["agent_code"],
+                           None)
     assert code == 0
     results = _results(tmp_path)["results"]
     pids = results["processes"]
@@ -96,10 +96,10 @@ def test_the_agent_ratio_is_only_given_where_both_runs_answered():
     def run(status, answer, wall):
         return {"status": status, "answer": answer, "wall_s": wall}
 
-    ok = engine_concurrency.agent_summary(run("final", "[1, 3]", 4.0), run("final", "[1, 3]", 2.0))
+    ok = concurrency.agent_summary(run("final", "[1, 3]", 4.0), run("final", "[1, 3]", 2.0))
     assert ok == {"same_answer": True, "finished": True, "speedup": 2.0}
     for failed in (run("max_turns", "None", 2.0), run("final", "None", 2.0), run("error", "None", 2.0)):
-        summary = engine_concurrency.agent_summary(run("final", "None", 4.0), failed)
+        summary = concurrency.agent_summary(run("final", "None", 4.0), failed)
         assert summary == {"finished": False, "same_answer": None, "speedup": None}
 
 
@@ -109,7 +109,7 @@ def test_the_agent_scenario_answers_in_both_modes():
 
     from agentrt.engine import NativeEngine
 
-    out = anyio.run(engine_concurrency.agent_run, lambda: NativeEngine(drafter=None, max_seq_len=2048))
+    out = anyio.run(concurrency.agent_run, lambda: NativeEngine(drafter=None, max_seq_len=2048))
     for mode in ("sequential", "speculative"):
         assert out[mode]["status"] == "final" and out[mode]["tool_calls"] == 6, out[mode]
     assert out["finished"] and out["same_answer"] and out["speedup"] is not None
@@ -131,7 +131,7 @@ def test_every_level_starts_from_a_fresh_engine(tmp_path):
     path = models.ensure("smollm2-135m", "bf16")
     make = lambda system, loop, **o: Engine(model=str(path), drafter="suffix", threads=1,  # noqa: E731
                                             max_seq_len=2048)
-    results = engine_concurrency.run_here(_args(tmp_path, sets="chat", limit=2), "suffix", ["chat"],
-                                          [1, 2], make, prefix_scenarios=False)
+    results = concurrency.run_here(_args(tmp_path, sets="chat", limit=2), "suffix", ["chat"],
+                                   [1, 2], make, prefix_scenarios=False)
     assert served_at_reset == [1, 3]  # after the warm-up, then after the two solo requests
     assert [lv["concurrency"] for lv in results["levels"]["suffix"]] == [1, 2]

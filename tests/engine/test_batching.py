@@ -334,7 +334,7 @@ async def test_urgent_request_preempts_less_urgent_ones():
 
 
 async def test_concurrency_benchmark_levels(plain):
-    from benchmarks.engine_concurrency import run_level, run_solo
+    from benchmarks.engine.concurrency import run_level, run_solo
 
     prompts = [(f"p{i}", m) for i, m in enumerate(PROMPTS[:3])]
     solo = await run_solo(plain, prompts, 6)

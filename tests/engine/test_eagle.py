@@ -346,11 +346,11 @@ def test_draft_eval_prints_acceptance_per_position(tiny_head, capsys):
 
 
 def test_engine_benchmark_runs_the_head_systems(tiny_head, tmp_path):
-    from benchmarks import engine_bench
+    from benchmarks.engine import cli
 
     options = json.dumps({"draft_head": str(tiny_head)})
-    code = engine_bench.main(["--systems", "plain,eagle,hybrid", "--sets", "chat", "--limit", "1",
-                              "--max-tokens", "8", "--drafter-config", options, "--out", str(tmp_path)])
+    code = cli.main(["--systems", "plain,eagle,hybrid", "--sets", "chat", "--limit", "1",
+                     "--max-tokens", "8", "--drafter-config", options, "--out", str(tmp_path)])
     assert code == 0
     (result,) = tmp_path.glob("engine-*.json")
     rows = json.loads(result.read_text())["rows"]

@@ -333,11 +333,11 @@ def _bench_results(out) -> dict:
 @vllm
 def test_bench_runs_native_plain_next_to_vllm_eager_and_ngram(model_dir, tmp_path, capsys):
     """`benchmarks.run engine --engine vllm`: three systems on one event loop of the bench's own."""
-    from benchmarks import engine_bench
+    from benchmarks.engine import cli
 
-    code = engine_bench.main(["--engine", "vllm", "--dtype", "fp32", "--systems",
-                              "plain,vllm,vllm-spec", "--sets", "copy_heavy", "--limit", "1",
-                              "--max-tokens", "32", "--out", str(tmp_path)])
+    code = cli.main(["--engine", "vllm", "--dtype", "fp32", "--systems", "plain,vllm,vllm-spec",
+                     "--sets", "copy_heavy", "--limit", "1", "--max-tokens", "32",
+                     "--out", str(tmp_path)])
     assert code == 0
     results = _bench_results(tmp_path)
     meta, per, rows = results["meta"], results["summary"]["all"], results["rows"]
@@ -357,11 +357,11 @@ def test_bench_runs_native_plain_next_to_vllm_eager_and_ngram(model_dir, tmp_pat
 @vllm
 def test_bench_against_the_vllm_server_reads_its_speculation(server, tmp_path):
     """`--engine openai`: the served model comes from /v1/models, tau from the server's /metrics."""
-    from benchmarks import engine_bench
+    from benchmarks.engine import cli
 
-    code = engine_bench.main(["--engine", "openai", "--base-url", server.base_url + "/v1",
-                              "--sets", "copy_heavy", "--limit", "1", "--max-tokens", "32",
-                              "--out", str(tmp_path)])
+    code = cli.main(["--engine", "openai", "--base-url", server.base_url + "/v1",
+                     "--sets", "copy_heavy", "--limit", "1", "--max-tokens", "32",
+                     "--out", str(tmp_path)])
     assert code == 0
     results = _bench_results(tmp_path)
     assert results["meta"]["served_model"] == "smol"
@@ -375,11 +375,11 @@ def test_bench_against_the_vllm_server_reads_its_speculation(server, tmp_path):
 def test_concurrency_suite_with_only_vllm_runs_and_reports(model_dir, tmp_path):
     """`--engine vllm --systems vllm --concurrency 1,2`: the list holds no native system (this
     raised StopIteration after the vLLM run); vLLM runs alone in this process."""
-    from benchmarks import engine_bench
+    from benchmarks.engine import cli
 
-    code = engine_bench.main(["--engine", "vllm", "--dtype", "fp32", "--systems", "vllm",
-                              "--sets", "agent_code", "--limit", "1", "--concurrency", "1,2",
-                              "--max-tokens", "16", "--out", str(tmp_path)])
+    code = cli.main(["--engine", "vllm", "--dtype", "fp32", "--systems", "vllm",
+                     "--sets", "agent_code", "--limit", "1", "--concurrency", "1,2",
+                     "--max-tokens", "16", "--out", str(tmp_path)])
     assert code == 0
     results = _bench_results(tmp_path)
     assert results["meta"]["systems"] == ["vllm"] and results["meta"]["failed"] == {}
@@ -391,11 +391,11 @@ def test_concurrency_suite_with_only_vllm_runs_and_reports(model_dir, tmp_path):
 
 @vllm
 def test_concurrency_suite_runs_each_vllm_system_in_its_own_process(model_dir, tmp_path):
-    from benchmarks import engine_bench
+    from benchmarks.engine import cli
 
-    code = engine_bench.main(["--engine", "vllm", "--dtype", "fp32", "--systems", "vllm,vllm-spec",
-                              "--sets", "copy_heavy", "--limit", "1", "--concurrency", "1,2",
-                              "--max-tokens", "16", "--out", str(tmp_path)])
+    code = cli.main(["--engine", "vllm", "--dtype", "fp32", "--systems", "vllm,vllm-spec",
+                     "--sets", "copy_heavy", "--limit", "1", "--concurrency", "1,2",
+                     "--max-tokens", "16", "--out", str(tmp_path)])
     assert code == 0
     results = _bench_results(tmp_path)["results"]
     pids = results["processes"]

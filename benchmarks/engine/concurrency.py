@@ -47,7 +47,7 @@ from typing import Any
 
 from agentrt.demo import REVIEWS
 
-from .engine_common import VLLM_SYSTEMS, child_env, load_prompts, write_results
+from .common import VLLM_SYSTEMS, child_env, load_prompts, write_results
 
 NATIVE = ("plain", "ngram", "suffix", "draft", "eagle", "hybrid", "twin", "hybrid-twin")
 RULES = "\n".join(f"Rule {i}: when the input mentions item {i}, answer with the code word "
@@ -226,15 +226,13 @@ async def root_with_subqueries(engine, root: list[dict], max_tokens: int,
             "subqueries_done": sum(r.tokens > 0 for r in sub_results)}
 
 
-PREFIX_SCENARIOS = True
-"""Whether a single native system runs the prefix scenarios (off in the children for all but
-the first native system of a multi-system run)."""
-
-
-def run(args, systems: list[str], sets: list[str], make_engine) -> int:
+def run(args, systems: list[str], sets: list[str], make_engine,
+        prefix_scenarios: bool = True) -> int:
     """The concurrency suite (``--concurrency``) for ``systems`` on the prompt ``sets``; writes
     results like the main benchmark. ``make_engine(system, loop, **options)`` builds a system's
-    engine on the suite's event loop (``options``: more `NativeConfig` fields).
+    engine on the suite's event loop (``options``: more `NativeConfig` fields);
+    ``prefix_scenarios``: whether a single native system also runs the prefix scenarios (off in
+    the children for all but the first native system of a multi-system run).
 
     One system runs here, in this process. Several run one after another, each alone in a child
     process of its own (same prompts, threads and warm-up), so no system's threads compete with
@@ -257,7 +255,7 @@ def run(args, systems: list[str], sets: list[str], make_engine) -> int:
     load_before = os.getloadavg()
     if len(systems) == 1:
         results = run_here(args, systems[0], sets, levels, make_engine,
-                           prefix_scenarios=PREFIX_SCENARIOS)
+                           prefix_scenarios=prefix_scenarios)
         isolation = "one system, alone in this process"
     else:
         prefix_system = next((s for s in systems if s in NATIVE), None)
@@ -367,14 +365,13 @@ class BenchChildError(RuntimeError):
 
 
 def run_in_child(args, system: str, prefix_scenarios: bool) -> dict[str, Any]:
-    """Run ``system`` alone through ``python -m benchmarks.engine_concurrency`` (the engine
-    benchmark's own command line, one system) and return its results. Its progress goes to
-    this process's stderr; its table is dropped (this process prints the merged one)."""
+    """Run ``system`` alone through ``python -m benchmarks.engine`` (this invocation's options,
+    one system) and return its results. Its progress goes to this process's stderr; its table
+    is dropped (this process prints the merged one)."""
     with tempfile.TemporaryDirectory(prefix="engine-concurrency-") as out:
-        overrides = {"systems": system, "out": out}
-        command = [sys.executable, "-m", "benchmarks.engine_concurrency",
-                   "--prefix-scenarios" if prefix_scenarios else "--no-prefix-scenarios",
-                   *bench_argv(args, overrides)]
+        overrides = {"systems": system, "out": out,
+                     "worker_no_prefix_scenarios": not prefix_scenarios}
+        command = [sys.executable, "-m", "benchmarks.engine", *bench_argv(args, overrides)]
         print(f"engine bench: {system} in its own process", file=sys.stderr)
         done = subprocess.run(command, env=child_env(), stdout=subprocess.DEVNULL, check=False)
         found = sorted(Path(out).glob("engine-*.json"))
@@ -395,17 +392,6 @@ def bench_argv(args, overrides: dict[str, Any]) -> list[str]:
         elif value is not None and value is not False:
             argv += [flag, str(value)]
     return argv
-
-
-def child_main(argv: list[str]) -> int:
-    """Entry of a system's child process: ``[--prefix-scenarios|--no-prefix-scenarios]
-    <engine benchmark options>``."""
-    global PREFIX_SCENARIOS
-    from . import engine_bench
-
-    if argv and argv[0] in ("--prefix-scenarios", "--no-prefix-scenarios"):
-        PREFIX_SCENARIOS = argv.pop(0) == "--prefix-scenarios"
-    return engine_bench.main(argv)
 
 
 def fmt_load(meta: dict) -> str:
@@ -530,8 +516,3 @@ def agent_summary(sequential: dict[str, Any], speculative: dict[str, Any]) -> di
             "same_answer": sequential["answer"] == speculative["answer"] if finished else None,
             "speedup": sequential["wall_s"] / speculative["wall_s"] if finished else None}
 
-
-if __name__ == "__main__":
-    from benchmarks import engine_concurrency  # the module engine_bench uses, not this __main__
-
-    sys.exit(engine_concurrency.child_main(sys.argv[1:]))

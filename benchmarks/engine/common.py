@@ -1,5 +1,6 @@
-"""What the engine benchmarks share (single stream: `engine_bench`, many requests at once:
-`engine_concurrency`): the prompt sets, the vLLM system names and the result files."""
+"""What the engine benchmark's two suites share (single stream: `benchmarks.engine.cli`, many
+requests at once: `benchmarks.engine.concurrency`) and other benchmarks use: the prompt sets, the
+vLLM system names, the result files and the environment of a child process."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ import os
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-PROMPT_DIR = HERE / "prompts"
-RESULTS_DIR = HERE / "results"
+BENCHMARKS = Path(__file__).resolve().parent.parent
+PROMPT_DIR = BENCHMARKS / "prompts"
+RESULTS_DIR = BENCHMARKS / "results"
 PROMPT_SETS = ("agent_code", "chat", "copy_heavy")
 VLLM_SYSTEMS = ("vllm", "vllm-spec")
 
@@ -42,5 +43,5 @@ def write_results(payload: dict, md: str, out: str | Path) -> Path:
 def child_env() -> dict[str, str]:
     """This process's environment with the repository first on ``PYTHONPATH``, for a benchmark
     that runs each system in a ``python -m benchmarks...`` process of its own."""
-    path = os.pathsep.join(p for p in (str(HERE.parent), os.environ.get("PYTHONPATH")) if p)
+    path = os.pathsep.join(p for p in (str(BENCHMARKS.parent), os.environ.get("PYTHONPATH")) if p)
     return {**os.environ, "PYTHONPATH": path}
