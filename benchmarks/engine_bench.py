@@ -1,4 +1,4 @@
-"""``python -m benchmarks.engine_bench``: the engine benchmark, now the package `benchmarks.engine`."""
+"""``python -m benchmarks.engine_bench``: the engine benchmark (the same as ``python -m benchmarks.engine``)."""
 
 import sys
 
