@@ -62,9 +62,10 @@ with ``mode="early"``.
 
 Memory: keys of calls with long arguments are kept as digests, a call's arguments are dropped
 once its tool has run, its result once its block has executed, and everything speculation held
-when the run ends (the trace keeps ids, names and sizes, never arguments or results). Shadow messages arrive typed and checked by the REPL
-(``agentrt.interpreter.frames``); a shadow is still untrusted, so nothing it says can end the
-run.
+when the run ends (the trace keeps ids, names and sizes, never arguments or results).
+
+Shadow messages arrive typed and checked by the REPL (``agentrt.interpreter.frames``); a shadow
+is still untrusted, so nothing it says can end the run.
 """
 
 from __future__ import annotations

@@ -28,7 +28,6 @@ import os
 import select
 import selectors
 import socket
-import statistics
 import subprocess
 import sys
 import threading

@@ -168,6 +168,7 @@ PURE_METHOD_NAMES = frozenset({
     "rjust", "partition", "rpartition", "encode", "decode", "removeprefix", "removesuffix",
     "isdigit", "isalpha", "isalnum", "isspace", "islower", "isupper", "isnumeric", "isdecimal",
     "get", "keys", "values", "items", "copy", "dumps", "loads",
+    "deepcopy",  # not pure: listed so that ``copy.deepcopy(x)`` gets concrete arguments
 })
 _PURE_METHOD_OWNERS = (str, bytes, dict, list, tuple, set, frozenset)
 

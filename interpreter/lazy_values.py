@@ -257,6 +257,8 @@ def _compute_deferred(node: _DeferredNode) -> None:
             args = _substitute(node.args)
             kwargs = _substitute(node.kwargs)
             value = node.fn(*args, **kwargs)
+            if node.table is not None:
+                value = node.table.admit(value)
         except (_WouldBlock, Abandoned):
             raise
         except Exception as exc:  # the operation itself failed: remember it, report on force
@@ -560,16 +562,6 @@ class Lazy:
     def __exit__(self, *exc_info: Any):
         return _forced(self).__exit__(*exc_info)
 
-    def __copy__(self) -> Any:
-        import copy
-
-        return copy.copy(_forced(self))
-
-    def __deepcopy__(self, memo: dict) -> Any:
-        import copy
-
-        return copy.deepcopy(_forced(self), memo)
-
     def __reduce_ex__(self, protocol: int) -> tuple:
         return (_identity, (force_deep(self),))
 
@@ -690,6 +682,9 @@ class LazyTable:
         control and data dependencies of whatever it launches next."""
         self.nonblocking_thread: int | None = None
         """The thread inside :meth:`nonblocking`, if one is."""
+        self.admit: Callable[[Any], Any] = _identity
+        """What every deferred value passes once computed (the sandbox's admission: what a
+        deferred operation yields is what the same operation would give the cell)."""
 
     # -- creating and settling calls ---------------------------------------------------------
     def new_call(self, call_id: CallId) -> Lazy:

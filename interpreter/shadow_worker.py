@@ -48,7 +48,14 @@ from .frames import (
     ShadowDone,
     WorkerFrame,
 )
-from .lazy import Abandoned, LazyTable, PendingLaunches, lazy_aware_guards, shadow_helpers
+from .lazy import (
+    Abandoned,
+    Lazy,
+    LazyTable,
+    PendingLaunches,
+    lazy_aware_guards,
+    shadow_helpers,
+)
 from .protocol import NotPlainDataError, to_plain
 from .sandbox import SandboxPolicy
 from .shadow_transform import compile_shadow
@@ -203,6 +210,9 @@ class ShadowRun:
 
     def _enter_shadow_mode(self) -> None:
         sandbox = self.sandbox
+        admission = sandbox.context.admission
+        admission.hold(Lazy)  # lazy values are the shadow's own placeholders
+        self.table.admit = admission.admit
         guards = lazy_aware_guards({name: sandbox.builtin(name) for name in _GUARD_NAMES
                                     if _has_builtin(sandbox, name)})
         for name, value in {**guards, **shadow_helpers()}.items():

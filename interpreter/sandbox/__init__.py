@@ -3,12 +3,16 @@
 The pieces, in the order code meets them:
 
 * ``policy`` -- :func:`compile_cell` compiles a cell with RestrictedPython (every attribute
-  read, subscript and write goes through a guard; names starting with ``_`` are refused) and
-  the guards themselves (``guarded_getattr``, ``guarded_write``, the sandbox's ``type``...);
+  read, subscript and write goes through a guard; names starting with ``_`` are refused),
+  then ``doors`` rewrites every other way a value reaches a name to pass admission;
+* ``admission`` -- the one check on what a cell may hold (an allow-list by identity), and
+  ``guards``, ``provenance`` (what the sandbox made) and ``classes`` (the one class path);
 * ``cell_builtins`` -- the only builtins a cell sees: a curated safe set, guarded
-  ``getattr``/``setattr``/``type``/``dir``, the restricted ``__import__`` and the guard hooks;
-* ``modules`` -- what ``import`` gives: read-only facades of :data:`ALLOWED_MODULES` with
-  vetted replacements of the functions that evaluate strings or generate code;
+  ``getattr``/``setattr``/``type``/``dir``, the restricted ``__import__`` and the hooks the
+  compiled code calls;
+* ``surface`` and ``modules`` -- what ``import`` gives: read-only facades of
+  :data:`ALLOWED_MODULES` with vetted replacements of the functions that evaluate strings or
+  generate code (``copying`` is the sandbox's own ``copy``);
 * ``output`` -- the running cell: its capped output and the :class:`SandboxContext` the
   builtins and facades of one sandbox share (no module globals);
 * ``namespace`` -- :class:`Sandbox`, one persistent namespace, which runs cells and records

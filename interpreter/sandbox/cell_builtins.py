@@ -1,6 +1,7 @@
 """The only builtins a cell sees: a curated safe set, the guarded versions of the dangerous
-ones, the restricted ``__import__``, and the guard functions RestrictedPython's compiled code
-calls (``_getattr_``, ``_write_``, ...). Built per sandbox, bound to its context."""
+ones, the restricted ``__import__``, and the functions compiled code calls: RestrictedPython's
+guards (``_getattr_``, ``_write_``, ...) and the doors' admission (``_admit_``...: doors.py).
+Built per sandbox, bound to its context."""
 
 from __future__ import annotations
 
@@ -12,10 +13,12 @@ from RestrictedPython.Guards import guarded_iter_unpack_sequence, guarded_unpack
 
 from agentrt.tools.errors import ToolError
 
-from .classes import ClassBuilder
-from .modules import guarded_import
+from .admission import Admission
+from .classes import STATEMENT, ClassBuilder
+from .doors import ADMIT, ADMIT_ALL, ADMIT_KEYWORDS, DECORATE, ENTER
+from .modules import SandboxModule, guarded_import
 from .output import Printer, SandboxContext
-from .policy import SandboxType, guarded_apply, guarded_getitem, guarded_inplacevar
+from .policy import SandboxType
 
 _SAFE_BUILTIN_NAMES = (
     "abs", "all", "any", "ascii", "bin", "bool", "bytearray", "bytes", "callable", "chr",
@@ -73,19 +76,66 @@ def make_builtins(context: SandboxContext) -> dict[str, Any]:
         "dir": _filtered_dir(context.namespace),
         "ToolError": ToolError,
     })
-    table = {name: context.provenance.admit(value) for name, value in table.items()}
+    admission = context.admission
+    admission.hold(SandboxModule)
+    for value in table.values():
+        admission.know_function(value)
+    table = {name: admission.admit(value) for name, value in table.items()}
     table.update({  # what compiled code calls; cells cannot name them ("_" names)
         "__import__": guarded_import(context),
         "__build_class__": ClassBuilder(context.provenance),
-        "__metaclass__": type,  # the restricted compiler passes it to every class statement
+        "__metaclass__": STATEMENT,  # the restricted compiler passes it to every class statement
         "_getattr_": guards.getattr,
-        "_getitem_": guarded_getitem,
-        "_getiter_": iter,
+        "_getitem_": guards.getitem,
+        "_getiter_": admission.iterate,
         "_write_": guards.write,
-        "_inplacevar_": guarded_inplacevar,
-        "_apply_": guarded_apply,
+        "_inplacevar_": guards.inplacevar,
+        "_apply_": guards.apply,
         "_iter_unpack_sequence_": guarded_iter_unpack_sequence,
         "_unpack_sequence_": guarded_unpack_sequence,
         "_print_": lambda _getattr=None: printer,
+        **doors(admission),
     })
+    admission.refuse_dict(table)
     return table
+
+
+def doors(admission: Admission) -> dict[str, Callable[..., Any]]:
+    """The functions the doors call (doors.py)."""
+    admit = admission.admit
+
+    def admit_all(values: tuple[Any, ...]) -> tuple[Any, ...]:
+        return tuple(admit(value) for value in values)
+
+    def admit_keywords(values: dict[str, Any]) -> dict[str, Any]:
+        return {key: admit(value) for key, value in values.items()}
+
+    def decorate(decorator: Any) -> Callable[[Any], Any]:
+        return lambda target: admit(decorator(target))
+
+    def enter(manager: Any) -> _AdmittedContext:
+        return _AdmittedContext(manager, admit)
+
+    return {ADMIT: admit, ADMIT_ALL: admit_all, ADMIT_KEYWORDS: admit_keywords,
+            DECORATE: decorate, ENTER: enter}
+
+
+class _AdmittedContext:
+    """A context manager whose ``__enter__`` result is admitted before ``with`` binds it."""
+
+    __slots__ = ("_manager", "_enter", "_exit", "_admit")
+
+    def __init__(self, manager: Any, admit: Callable[[Any], Any]) -> None:
+        kind = type(manager)
+        try:
+            self._enter, self._exit = kind.__enter__, kind.__exit__
+        except AttributeError:
+            raise TypeError(f"{kind.__name__!r} object does not support the context manager "
+                            "protocol") from None
+        self._manager, self._admit = manager, admit
+
+    def __enter__(self) -> Any:
+        return self._admit(self._enter(self._manager))
+
+    def __exit__(self, *exc_info: Any) -> Any:
+        return self._exit(self._manager, *exc_info)

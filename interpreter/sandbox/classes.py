@@ -1,15 +1,17 @@
 """The one path by which a cell makes a class: the ``class`` statement (``__build_class__``).
 
 :class:`ClassBuilder` resolves the bases itself before Python does: a base that is not a class
-is resolved through ``__mro_entries__`` only when it is one of typing's aliases (``List[int]``,
-``Generic[T]``, ``Protocol[T]``, ``NamedTuple``, ``TypedDict``...), whose implementations are
-known; every resolved base must then be a class the sandbox made or one of
-:data:`ALLOWED_BASES`, a short explicit list of real classes (object, the builtin data types
-and exceptions, the collections and numbers ABCs, typing's generic machinery, a few stdlib
-classes agent code subclasses) and the classes they derive from. The metaclass is never the
-model's: the ``metaclass`` keyword is refused, and the one Python derives from the bases must
-be one of :data:`ALLOWED_METACLASSES` (``type``, the ABC, enum and typing metaclasses). All of
-it is decided by identity. What the statement makes is recorded in the sandbox's provenance.
+is resolved only when it is one of typing's aliases (``List[int]``, ``Generic[T]``,
+``Protocol[T]``, ``NamedTuple``, ``TypedDict``...), by the rules of their ``__mro_entries__``
+but comparing by identity (typing's own code compares the bases with ``==``); every resolved
+base must then be a class the sandbox made or one of :data:`ALLOWED_BASES`, a short explicit
+list of real classes (object, the builtin data types and exceptions, the collections and
+numbers ABCs, typing's generic machinery, a few stdlib classes agent code subclasses) and the
+classes they derive from. The metaclass is never the model's: the ``metaclass`` keyword is
+refused (the compiler passes `STATEMENT`, nothing else is accepted), so are keywords starting
+with ``_``, and the one Python derives from the bases must be one of
+:data:`ALLOWED_METACLASSES` (``type``, the ABC, enum and typing metaclasses). All of it is
+decided by identity. What the statement makes is recorded in the sandbox's provenance.
 
 ``typing.Type[int]`` resolves to ``type``, which is not an allowed base: no cell can make a
 metaclass, hence no class with arbitrary dunders.
@@ -73,6 +75,9 @@ ALLOWED_METACLASSES: frozenset[type] = frozenset({
 })
 """The metaclasses a class made by the sandbox may have."""
 
+_GENERIC_ALIAS: type = typing._GenericAlias  # type: ignore[attr-defined]
+_BASE_GENERIC_ALIAS: type = typing._BaseGenericAlias  # type: ignore[attr-defined]
+
 _ALIAS_TYPES: frozenset[type] = frozenset(type(alias) for alias in (
     typing.List, typing.List[int], list[int], typing.Callable, typing.Callable[[int], int],
     typing.Tuple, typing.Tuple[int], typing.Generic[typing.AnyStr],
@@ -84,6 +89,11 @@ _ENTRY_OBJECTS = (typing.NamedTuple, typing.TypedDict)
 """Objects with an ``__mro_entries__`` of their own that the builder calls."""
 
 
+STATEMENT = object()
+"""What the restricted compiler passes as every class statement's ``metaclass`` (the builtins'
+``__metaclass__``): the mark of a plain class statement."""
+
+
 class ClassBuilder:
     """The sandbox's ``__build_class__`` (see the module docstring)."""
 
@@ -91,10 +101,13 @@ class ClassBuilder:
         self.provenance = provenance
 
     def __call__(self, body: Any, name: Any, *bases: Any, **keywords: Any) -> Any:
-        if keywords.pop("metaclass", type) is not type:  # the compiler passes ``type``
+        if keywords.pop("metaclass", STATEMENT) is not STATEMENT:
             raise TypeError("class statements cannot choose a metaclass in the sandbox")
         if type(body) is not types.FunctionType or not self.provenance.made_function(body):
             raise TypeError("__build_class__ takes the body of a class statement")
+        for key in keywords:
+            if type(key) is not str or key.startswith("_"):
+                raise TypeError(f"class {name}: keyword {key!r} is not allowed in the sandbox")
         bases = tuple(unwrap(base) for base in bases)
         resolved = self.resolve(bases)
         metaclass = _derived_metaclass(resolved)
@@ -108,15 +121,16 @@ class ClassBuilder:
         return self.provenance.record(cls)
 
     def resolve(self, bases: tuple[Any, ...]) -> tuple[type, ...]:
-        """The classes ``bases`` stand for (``__mro_entries__`` resolved), each checked."""
+        """The classes ``bases`` stand for, each checked. A typing alias is resolved here
+        (`_alias_entries`), comparing by identity only: typing's own ``__mro_entries__``
+        compares the bases with ``==`` and ``in``, which calls a cell's ``__eq__`` with
+        typing's internals."""
         resolved: list[type] = []
-        for base in bases:
+        for index, base in enumerate(bases):
             if isinstance(base, type):
                 entries: tuple[Any, ...] = (base,)
             elif type(base) in _ALIAS_TYPES or any(base is entry for entry in _ENTRY_OBJECTS):
-                entries = base.__mro_entries__(bases)
-                if type(entries) is not tuple:
-                    raise TypeError("__mro_entries__ must return a tuple")
+                entries = _alias_entries(base, bases, index)
             else:
                 raise TypeError(f"a class can only derive from classes, not from "
                                 f"{type(base).__name__!r} objects")
@@ -133,8 +147,43 @@ class ClassBuilder:
 
     def allowed_base(self, cls: type) -> bool:
         """Whether a class statement may derive from ``cls``."""
-        provenance = self.provenance
-        return cls in ALLOWED_BASES or cls in provenance.classes or cls in provenance.vetted_bases
+        return allowed_base(self.provenance, cls)
+
+
+def allowed_base(provenance: Provenance, cls: Any) -> bool:
+    """Whether the sandbox may derive a class from ``cls`` (by identity)."""
+    return cls in ALLOWED_BASES or cls in provenance.classes or cls in provenance.vetted_bases
+
+
+def _contains(items: tuple[Any, ...], value: Any) -> bool:
+    return any(item is value for item in items)
+
+
+def _alias_entries(alias: Any, bases: tuple[Any, ...], index: int) -> tuple[Any, ...]:
+    """What typing's ``__mro_entries__`` gives for ``alias`` at ``bases[index]``, computed with
+    identity comparisons (typing 3.11's rules for the aliases it knows)."""
+    if any(alias is entry for entry in _ENTRY_OBJECTS):
+        return (_NAMED_TUPLE_BASE,) if alias is typing.NamedTuple else (_TYPED_DICT_BASE,)
+    origin = object.__getattribute__(alias, "__origin__")
+    if type(alias) is types.GenericAlias:
+        return (origin,)
+    later = bases[index + 1:]
+    if issubclass(type(alias), _GENERIC_ALIAS):
+        if isinstance(origin, typing._SpecialForm):  # type: ignore[attr-defined]
+            raise TypeError(f"cannot subclass {alias!r}")
+        if not object.__getattribute__(alias, "_name"):
+            if origin is typing.Generic:
+                if _contains(bases, typing.Protocol) or any(
+                        issubclass(type(b), _BASE_GENERIC_ALIAS) and b is not alias
+                        for b in later):
+                    return ()
+            return (origin,)
+    # a generic ABC or builtin (typing.List[int], typing.Callable, typing.Tuple...)
+    entries = [] if _contains(bases, origin) else [origin]
+    if not any(issubclass(type(b), _BASE_GENERIC_ALIAS)
+               or (isinstance(b, type) and issubclass(b, typing.Generic)) for b in later):
+        entries.append(typing.Generic)
+    return tuple(entries)
 
 
 def _derived_metaclass(bases: tuple[type, ...]) -> type:

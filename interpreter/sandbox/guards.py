@@ -1,11 +1,12 @@
-"""The guards that depend on one sandbox's :class:`~.provenance.Provenance`: attribute reads
-(``_getattr_``, ``getattr``, ``hasattr``, ``str.format`` field lookups) and writes
-(``_write_``, ``setattr``, ``delattr``).
+"""The guards that depend on one sandbox: attribute reads (``_getattr_``, ``getattr``,
+``hasattr``, ``str.format`` field lookups), subscripts, calls written with ``*``/``**``,
+augmented assignment, and writes (``_write_``, ``setattr``, ``delattr``).
 
 A read refuses private and internal names (policy.check_attribute_name), ``__init__`` except on
-``super()`` of an instance the sandbox made, ABC registration and raw buffers, and passes what
-it found through :meth:`Provenance.admit_attribute`. A write is allowed on the mutable builtin
-containers and on what the sandbox made, decided by identity.
+``super()`` of an instance the sandbox made, ABC registration and raw buffers; what it found passes
+:meth:`Admission.admit`, and a mutable container read off a class (shared by every instance)
+comes as a copy. A write is allowed on the mutable builtin containers and on what the sandbox
+made, decided by identity.
 """
 
 from __future__ import annotations
@@ -16,23 +17,37 @@ import collections
 import decimal
 import functools
 import io
+import operator
 import string
-import types
+from collections.abc import Callable
 from typing import Any, Final
 
+from .admission import Admission, AdmissionError
 from .policy import MISSING, check_attribute_name
-from .provenance import Provenance
+from .provenance import Provenance, SandboxFunction
 
 _WRITABLE_TYPES = (list, dict, set, bytearray, collections.deque, decimal.Context)
+_SHARED_CONTAINERS = frozenset({list, dict, set, bytearray, collections.deque,
+                                collections.OrderedDict, collections.defaultdict,
+                                collections.Counter})
+
+_INPLACE_OPERATORS: Final[dict[str, Callable[[Any, Any], Any]]] = {
+    "+=": operator.iadd, "-=": operator.isub, "*=": operator.imul, "/=": operator.itruediv,
+    "//=": operator.ifloordiv, "%=": operator.imod, "**=": operator.ipow,
+    "<<=": operator.ilshift, ">>=": operator.irshift, "|=": operator.ior,
+    "^=": operator.ixor, "&=": operator.iand, "@=": operator.imatmul,
+}
 
 
 class Guards:
-    """One sandbox's attribute guards (see the module docstring)."""
+    """One sandbox's guards (see the module docstring)."""
 
-    def __init__(self, provenance: Provenance) -> None:
+    def __init__(self, provenance: Provenance, admission: Admission) -> None:
         self.provenance = provenance
-        self._str_overrides: Final = {"format": self.format, "format_map": self.format_map}
-        self._raw_str_format: Final = {str.format: self.format, str.format_map: self.format_map}
+        self.admission = admission
+        self._format: Final = SandboxFunction(self.format)
+        self._format_map: Final = SandboxFunction(self.format_map)
+        admission.format_guard = self.guarded_format
 
     # -- reads -----------------------------------------------------------------------------
     def getattr(self, obj: Any, name: str, default: Any = MISSING) -> Any:
@@ -47,11 +62,6 @@ class Guards:
         if name == "register" and isinstance(obj, abc.ABCMeta):
             raise AttributeError(f"{obj.__name__}.register() is not available in the sandbox "
                                  "(it changes what isinstance() answers for everyone)")
-        if name in self._str_overrides:
-            if isinstance(obj, str):
-                return functools.partial(self._str_overrides[name], obj)
-            if isinstance(obj, type) and issubclass(obj, str):
-                return self._str_overrides[name]
         if name == "getbuffer" and isinstance(obj, io.BytesIO):
             raise AttributeError('"getbuffer" is not accessible in the sandbox (no raw memory '
                                  'access)')
@@ -62,21 +72,27 @@ class Guards:
                 raise
             return default
         try:
-            value = self.provenance.admit_attribute(value)
-        except TypeError as exc:
+            value = self.admission.admit(value)
+        except AdmissionError as exc:
             raise AttributeError(f'"{name}": {exc}') from None
-        return self._without_raw_format(value)
+        if type(value) in _SHARED_CONTAINERS and self._shared(obj, name):
+            value = _shallow_copy(value)
+        return value
 
-    def _without_raw_format(self, value: Any) -> Any:
-        """``value``, unless it is the raw ``str.format``/``format_map`` (reached e.g. through
-        ``super()`` in a ``str`` subclass): then the guarded version."""
-        if type(value) is types.BuiltinMethodType and isinstance(value.__self__, str) \
-                and value.__name__ in self._str_overrides:
-            return functools.partial(self._str_overrides[value.__name__], value.__self__)
+    def _shared(self, obj: Any, name: str) -> bool:
+        """Whether attribute ``name`` of ``obj`` is state shared beyond ``obj``: a class
+        attribute of a class the sandbox did not make."""
+        if self.provenance.made(obj):
+            return False
+        if isinstance(obj, type):
+            return True
         try:
-            return self._raw_str_format.get(value, value)
-        except TypeError:  # unhashable
-            return value
+            own = object.__getattribute__(obj, "__dict__")
+        except AttributeError:
+            return False
+        if type(own) is dict and name in own:
+            return False
+        return any(name in vars(cls) for cls in type(obj).__mro__)
 
     def hasattr(self, obj: Any, name: str) -> bool:
         """``hasattr`` that answers through :meth:`getattr`."""
@@ -86,6 +102,26 @@ class Guards:
             return False
         return True
 
+    def getitem(self, obj: Any, key: Any) -> Any:
+        """``obj[key]``, admitted."""
+        return self.admission.admit(obj[key])
+
+    def apply(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Calls written with ``*args`` / ``**kwargs``: what was unpacked is admitted, and the
+        result; keyword names starting with ``_`` are refused."""
+        admit = self.admission.admit
+        for key in kwargs:
+            if key.startswith("_"):
+                raise TypeError(f'keyword argument "{key}" is not allowed in the sandbox: '
+                                'names starting with "_" are private')
+        return admit(function(*[admit(arg) for arg in args],
+                              **{key: admit(value) for key, value in kwargs.items()}))
+
+    def inplacevar(self, op: str, target: Any, value: Any) -> Any:
+        """``target op= value`` for plain names, admitted."""
+        return self.admission.admit(_INPLACE_OPERATORS[op](target, value))
+
+    # -- the guarded str.format ----------------------------------------------------------------
     def format(self, template: str, /, *args: Any, **kwargs: Any) -> str:
         """``str.format`` whose field lookups (``{0.attr}``, ``{0[key]}``) are guarded."""
         if not isinstance(template, str):
@@ -97,6 +133,11 @@ class Guards:
         if not isinstance(template, str):
             raise TypeError("format_map() needs a str template")
         return _GuardedFormatter(self).vformat(template, (), mapping)
+
+    def guarded_format(self, template: str | None, name: str) -> Any:
+        """The guarded ``format`` or ``format_map``, bound to ``template`` when given."""
+        function = self._format if name == "format" else self._format_map
+        return function if template is None else functools.partial(function, template)
 
     # -- writes ----------------------------------------------------------------------------
     def writable(self, obj: Any) -> bool:
@@ -122,6 +163,14 @@ class Guards:
         delattr(self.write(obj), name)
 
 
+def _shallow_copy(value: Any) -> Any:
+    if type(value) is collections.deque:
+        return collections.deque(value, value.maxlen)
+    if type(value) is collections.defaultdict:
+        return collections.defaultdict(value.default_factory, value)
+    return type(value)(value)
+
+
 class _GuardedFormatter(string.Formatter):
     """The formatter behind :meth:`Guards.format`."""
 
@@ -132,5 +181,6 @@ class _GuardedFormatter(string.Formatter):
         first, rest = _string.formatter_field_name_split(field_name)
         obj = self.get_value(first, args, kwargs)
         for is_attribute, key in rest:
-            obj = self._guards.getattr(obj, key) if is_attribute else obj[key]
+            obj = self._guards.getattr(obj, key) if is_attribute else self._guards.getitem(obj,
+                                                                                          key)
         return obj, first

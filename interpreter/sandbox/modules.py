@@ -1,14 +1,14 @@
 """The modules a cell may import, served as read-only facades.
 
-``import`` is limited to :data:`ALLOWED_MODULES` (pure computation). Each import returns a
-:class:`SandboxModule` holding only the module's public API (``__all__`` when defined), never
-submodules or mutable module state. Its functions are held as
-:class:`~.provenance.SandboxFunction` objects (no ``__globals__`` to read), whose results pass
-through :meth:`~.provenance.Provenance.admit` unless the module only returns plain data; the
-functions that evaluate strings, look up attributes by name, generate source from names or write
-into their arguments are removed or replaced by vetted versions (the table in docs/sandbox.md).
-The vetted class factories record the classes they make in the sandbox's provenance, and ``copy``
-is the sandbox's own instance of the module, whose reconstruction step is checked.
+``import`` is limited to :data:`~.surface.ALLOWED_MODULES` (pure computation). Each import
+returns a :class:`SandboxModule` holding only the names surface.py exposes for the module
+(never submodules or mutable module state), each admitted (admission.py): its Python functions
+are held as :class:`~.provenance.SandboxFunction` objects (no ``__globals__`` to read), whose
+results are admitted deeply unless the module only returns plain data; the functions that
+evaluate strings, look up attributes by name, generate source from names or write into their
+arguments are removed (surface.py) or replaced here by vetted versions (the table in
+docs/sandbox.md). The vetted class factories record the classes they make in the sandbox's
+provenance, and ``copy`` is the sandbox's own (copying.py).
 """
 
 from __future__ import annotations
@@ -18,29 +18,22 @@ import dataclasses
 import enum
 import functools
 import importlib
-import importlib.util
 import keyword
 import operator
 import pprint
 import types
 import typing
 from collections.abc import Callable, Mapping
-from typing import Any, Final
+from typing import Any
 
-from .classes import ALLOWED_BASES
+from .admission import AdmissionError
+from .classes import ALLOWED_BASES, allowed_base
+from .copying import Copier, copy_functions
 from .guards import Guards
 from .output import SandboxContext
-from .policy import MISSING, SANDBOX_MODULE_NAME, check_attribute_name
+from .policy import SANDBOX_MODULE_NAME, check_attribute_name
 from .provenance import Provenance, SandboxFunction
-
-ALLOWED_MODULES = frozenset({
-    "base64", "binascii", "bisect", "cmath", "collections", "collections.abc", "copy", "csv",
-    "dataclasses", "datetime", "decimal", "difflib", "enum", "fractions", "functools",
-    "hashlib", "heapq", "html", "io", "itertools", "json", "math", "numbers", "operator",
-    "pprint", "random", "re", "statistics", "string", "textwrap", "time", "typing",
-    "unicodedata",
-})
-"""Modules ``import`` may load. All are pure computation; see docs/sandbox.md for why."""
+from .surface import ALLOWED_MODULES, exposed_names, exposure, mutable_module_value
 
 INTERNAL_IMPORTS = frozenset({"_strptime"})
 """Modules the C code of allowed modules imports at call time through the ``__import__`` of the
@@ -180,57 +173,7 @@ def _safe_dataclass(provenance: Provenance) -> Callable[..., Any]:
     return dataclass
 
 
-class _CheckedReconstruct:
-    """``copy``'s reconstruction step, refusing what only an attack needs: a reduction that
-    rebuilds a class, module or function, state that sets dunder attributes, and writes (state,
-    items) into an object the sandbox did not make, unless it is a new copy of the very object
-    being copied (a stdlib object's own reduction)."""
-
-    def __init__(self, real: Callable[..., Any], guards: Guards) -> None:
-        self.real = real
-        self.guards = guards
-
-    def __call__(self, x: Any, memo: Any, func: Any, args: Any, state: Any = None,
-                 listiter: Any = None, dictiter: Any = None, *rest: Any, **kwargs: Any) -> Any:
-        if isinstance(state, tuple) and len(state) == 2 and isinstance(state[1], dict):
-            for key in state[1]:
-                if type(key) is not str or (key.startswith("__") and key.endswith("__")):
-                    raise TypeError(f"copy: refusing to set attribute {key!r} in the sandbox")
-        writes = state is not None or listiter is not None or dictiter is not None
-
-        def build(*build_args: Any, **build_kwargs: Any) -> Any:
-            made = func(*build_args, **build_kwargs)
-            if isinstance(made, (type, types.ModuleType, types.FunctionType,
-                                 types.BuiltinFunctionType, types.MethodType)):
-                raise TypeError("copy: this object's reduction rebuilds a class, module or "
-                                "function, which the sandbox refuses")
-            fresh_copy = type(made) is type(x) and made is not x
-            if writes and not fresh_copy and not self.guards.writable(made):
-                raise TypeError(f"copy: this object's reduction writes into a "
-                                f"{type(made).__name__!r} object the sandbox did not make")
-            return made
-
-        return self.real(x, memo, build, args, state, listiter, dictiter, *rest, **kwargs)
-
-
-def own_copy_module(context: SandboxContext) -> types.ModuleType:
-    """The sandbox's ``copy``: a private instance of the module (not the one in
-    ``sys.modules``, built once per sandbox) whose reconstruction step is
-    :class:`_CheckedReconstruct`."""
-    module = context.modules.get("copy")
-    if module is None:
-        spec = importlib.util.find_spec("copy")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        module._reconstruct = _CheckedReconstruct(  # type: ignore[attr-defined]
-            module._reconstruct, context.guards)  # type: ignore[attr-defined]
-        context.modules["copy"] = module
-    return module
-
-
-def _fields_as(copy_module: types.ModuleType, factory_name: str,
-               pairs: bool) -> Callable[..., Any]:
+def _fields_as(copier: Copier, factory_name: str, pairs: bool) -> Callable[..., Any]:
     """``dataclasses.asdict`` (``pairs``) or ``astuple``, copying leaf values with the
     sandbox's own ``copy.deepcopy``."""
 
@@ -246,7 +189,7 @@ def _fields_as(copy_module: types.ModuleType, factory_name: str,
         if isinstance(obj, dict):
             return type(obj)((convert(key, factory), convert(value, factory))
                              for key, value in obj.items())
-        return copy_module.deepcopy(obj)
+        return copier.deepcopy(obj)
 
     def fields_as(obj: Any, **options: Any) -> Any:
         factory = options.pop(factory_name, dict if pairs else tuple)
@@ -274,35 +217,68 @@ def _safe_namedtuple(context: SandboxContext) -> Callable[..., type]:
     return namedtuple
 
 
+def _exact_str(value: Any) -> Any:
+    """A ``str`` subclass instance as a plain ``str`` (its own methods are never called)."""
+    return "".join([value]) if isinstance(value, str) else value
+
+
 def _member_names(names: Any) -> tuple[Any, list[Any]]:
-    """A stable copy of an Enum functional-API ``names`` argument and the names in it."""
+    """A snapshot of an Enum functional-API ``names`` argument, made of plain strings (read
+    once: a ``str`` subclass's own ``split`` or ``replace`` would answer differently the
+    next time), and the names in it."""
     if isinstance(names, str):
-        return names, names.replace(",", " ").split()
+        keys = _exact_str(names).replace(",", " ").split()
+        return keys, list(keys)
     if isinstance(names, Mapping):
-        names = dict(names)
-        return names, list(names)
-    names = list(names)
-    return names, [item if isinstance(item, str) else tuple(item)[0] for item in names]
+        snapshot = {_exact_str(key): value for key, value in dict(names).items()}
+        return snapshot, list(snapshot)
+    items: list[Any] = []
+    for item in list(names):
+        if isinstance(item, str):
+            items.append(_exact_str(item))
+        else:
+            pair = tuple(item)
+            if len(pair) != 2:
+                raise TypeError("Enum members must be names or (name, value) pairs")
+            items.append((_exact_str(pair[0]), pair[1]))
+    return items, [item if type(item) is str else item[0] for item in items]
 
 
 def _sandbox_enum(base: type, context: SandboxContext) -> type:
     """A subclass of enum class ``base`` whose functional API (``Enum('E', names)``)
-    refuses private and dunder names, which would become arbitrary class attributes."""
+    refuses private and dunder names, which would become arbitrary class attributes, a
+    ``type=`` mix-in the sandbox may not derive from, and ``module=`` / ``qualname=``."""
+    provenance = context.provenance
 
     def create(cls: Any, class_name: Any, names: Any, **options: Any) -> Any:
         names, keys = _member_names(names)
         check_field_names(keys, "Enum member name")
-        if options.get("module") is None:
-            options["module"] = SANDBOX_MODULE_NAME
-        return context.provenance.record(
-            real_create.__func__(cls, class_name, names, **options))
+        for option in ("module", "qualname"):
+            if options.pop(option, None) is not None:
+                raise ValueError(f"Enum(..., {option}=...) is not supported in the sandbox")
+        mixin = options.get("type")
+        if mixin is not None and not allowed_base(provenance, mixin):
+            raise TypeError("Enum(..., type=...): the sandbox cannot derive from that class")
+        return provenance.record(real_create.__func__(
+            cls, _exact_str(class_name), names, module=SANDBOX_MODULE_NAME, **options))
 
     real_create = base._create_
     safe = types.new_class(base.__name__, (base,), exec_body=lambda ns: ns.update(
         {"__module__": base.__module__, "__qualname__": base.__qualname__}))
     safe._create_ = classmethod(create)
-    context.provenance.vetted_bases.add(safe)
+    provenance.vetted_bases.add(safe)
     return safe
+
+
+def _recording(factory: Callable[..., Any], context: SandboxContext) -> SandboxFunction:
+    """A class factory of the stdlib (``typing.NamedTuple('P', [...])``) whose classes are
+    recorded as made by the sandbox (the factory checks the names it writes); the factory
+    itself stays what the class builder knows as a base (`~.provenance.unwrap`)."""
+
+    def record(made: Any) -> Any:
+        return context.admission.admit(context.provenance.record(made))
+
+    return SandboxFunction(factory, record)
 
 
 def _safe_dataclass_transform(guards: Guards) -> Callable[..., Callable[[Any], Any]]:
@@ -333,86 +309,51 @@ def _sandbox_pprint(context: SandboxContext) -> Callable[..., None]:
 
 # --------------------------------------------------------------------------- facades
 
-@dataclasses.dataclass(frozen=True)
-class _ModuleRule:
-    only: tuple[str, ...] = ()
-    deny: frozenset[str] = frozenset()
-    replace: Callable[[SandboxContext], Mapping[str, Any]] | None = None
-    """The replaced and added attributes (for this sandbox's context)."""
-    plain_results: bool = False
-    """Its functions return only numbers, strings and containers of what they were given, so
-    their results need no check (kept fast)."""
-    source: Callable[[SandboxContext], types.ModuleType] | None = None
-    """The module the facade shows, if not the one in ``sys.modules``."""
-
-    def replacements(self, context: SandboxContext) -> Mapping[str, Any]:
-        return self.replace(context) if self.replace is not None else {}
-
-
 _ENUM_CLASSES = ("Enum", "IntEnum", "Flag", "IntFlag", "StrEnum")
 
-_MODULE_RULES: Final[dict[str, _ModuleRule]] = {
-    "typing": _ModuleRule(
-        deny=frozenset({"get_type_hints", "ForwardRef",  # both eval strings
-                        "overload", "get_overloads", "clear_overloads"}),  # process-wide registry
-        replace=lambda context: {
-            "reveal_type": _reveal_type(context),
-            "dataclass_transform": _safe_dataclass_transform(context.guards),
-            **{name: _writing_to_argument(getattr(typing, name), context.guards)
-               for name in ("final", "no_type_check", "runtime_checkable")}}),
-    "json": _ModuleRule(plain_results=True),
-    "math": _ModuleRule(plain_results=True),
-    "cmath": _ModuleRule(plain_results=True),
-    "functools": _ModuleRule(
-        deny=frozenset({"singledispatch", "singledispatchmethod"}),  # register() evals hints
-        replace=lambda context: {
-            **_wrap_functions(context.provenance),
-            "total_ordering": _writing_to_argument(functools.total_ordering, context.guards)}),
-    "copy": _ModuleRule(source=own_copy_module, plain_results=True),  # copies of its input
-    "operator": _ModuleRule(
-        replace=lambda context: {"attrgetter": _safe_attrgetter(context.guards),
-                                 "methodcaller": _safe_methodcaller(context.guards),
-                                 **{name: _writing_to_argument(getattr(operator, name),
-                                                               context.guards)
-                                    for name in ("setitem", "delitem")}}),
-    "string": _ModuleRule(deny=frozenset({"Formatter"})),
-    "collections": _ModuleRule(deny=frozenset({"UserString"}),  # .format() is raw str.format
-                               replace=lambda context: {"namedtuple": _safe_namedtuple(context)}),
-    "enum": _ModuleRule(deny=frozenset({"global_enum", "global_enum_repr", "global_flag_repr",
-                                        "global_str", "EnumMeta", "EnumType", "ReprEnum",
-                                        "pickle_by_global_name", "pickle_by_enum_name"}),
-                        replace=lambda context: {
-                            name: _sandbox_enum(getattr(enum, name), context)
-                            for name in _ENUM_CLASSES if hasattr(enum, name)}),
-    "dataclasses": _ModuleRule(
-        deny=frozenset({"make_dataclass"}),
-        replace=lambda context: {
-            "dataclass": _safe_dataclass(context.provenance),
-            "asdict": _fields_as(own_copy_module(context), "dict_factory", pairs=True),
-            "astuple": _fields_as(own_copy_module(context), "tuple_factory", pairs=False)}),
-    "time": _ModuleRule(only=("sleep", "time", "time_ns", "monotonic", "monotonic_ns",
-                              "perf_counter", "perf_counter_ns", "gmtime", "localtime",
-                              "strftime", "mktime", "struct_time")),
-    "io": _ModuleRule(only=("StringIO", "BytesIO")),
-    "pprint": _ModuleRule(only=("pformat", "saferepr", "isreadable", "isrecursive"),
-                          replace=lambda context: {"pprint": _sandbox_pprint(context),
-                                                   "pp": _sandbox_pprint(context)}),
-    "html": _ModuleRule(only=("escape", "unescape")),
+_REPLACEMENTS: dict[str, Callable[[SandboxContext], Mapping[str, Any]]] = {
+    "typing": lambda context: {
+        **{name: _recording(getattr(typing, name), context)
+           for name in ("NamedTuple", "TypedDict")},
+        "reveal_type": _reveal_type(context),
+        "dataclass_transform": _safe_dataclass_transform(context.guards),
+        **{name: _writing_to_argument(getattr(typing, name), context.guards)
+           for name in ("final", "no_type_check", "runtime_checkable")}},
+    "functools": lambda context: {
+        **_wrap_functions(context.provenance),
+        "total_ordering": _writing_to_argument(functools.total_ordering, context.guards)},
+    "copy": lambda context: copy_functions(context.admission),
+    "operator": lambda context: {
+        "attrgetter": _safe_attrgetter(context.guards),
+        "methodcaller": _safe_methodcaller(context.guards),
+        **{name: _writing_to_argument(getattr(operator, name), context.guards)
+           for name in ("setitem", "delitem")}},
+    "collections": lambda context: {"namedtuple": _safe_namedtuple(context)},
+    "enum": lambda context: {name: _sandbox_enum(getattr(enum, name), context)
+                             for name in _ENUM_CLASSES if hasattr(enum, name)},
+    "dataclasses": lambda context: {
+        "dataclass": _safe_dataclass(context.provenance),
+        "asdict": _fields_as(Copier(context.admission), "dict_factory", pairs=True),
+        "astuple": _fields_as(Copier(context.admission), "tuple_factory", pairs=False)},
+    "pprint": lambda context: {"pprint": _sandbox_pprint(context),
+                               "pp": _sandbox_pprint(context)},
 }
-_MUTABLE_MODULE_VALUES = (types.ModuleType, dict, list, set, bytearray)
+"""The vetted replacements (and additions) of each module's functions, for one sandbox."""
+
 _CALLABLE_TYPES = (types.FunctionType, types.BuiltinFunctionType, types.MethodType,
                    functools.partial)
 
 
-def _facade_value(value: Any, rule: _ModuleRule, provenance: Provenance) -> Any:
-    """A module attribute as its facade holds it: a function becomes a
-    :class:`~.provenance.SandboxFunction` (its results admitted unless the module returns only
-    plain data; a C function of such a module stays as it is, having no globals to read)."""
-    if not isinstance(value, _CALLABLE_TYPES):
-        return value
-    if rule.plain_results:
-        return SandboxFunction(value) if type(value) is types.FunctionType else value
-    return SandboxFunction(value, provenance.admit)
+def _facade_value(value: Any, plain_results: bool, context: SandboxContext) -> Any:
+    """A module attribute as its facade holds it, admitted: a Python function becomes a
+    :class:`~.provenance.SandboxFunction` whose results are admitted deeply unless the module
+    returns only plain data; a C function is made known to admission (by identity)."""
+    admission = context.admission
+    if type(value) is types.BuiltinFunctionType:
+        admission.know_function(value)
+    elif isinstance(value, _CALLABLE_TYPES):
+        return SandboxFunction(value, None if plain_results else admission.admit_deep)
+    return admission.admit(value)
 
 
 class SandboxModule:
@@ -450,25 +391,28 @@ def module_facade(context: SandboxContext, name: str) -> SandboxModule:
         return facade
     if name not in ALLOWED_MODULES:
         raise ImportError(f"module {name!r} is not available in the sandbox")
-    rule = _MODULE_RULES.get(name, _ModuleRule())
-    module = rule.source(context) if rule.source else importlib.import_module(name)
-    names = rule.only or getattr(module, "__all__", None) or list(vars(module))
+    module = importlib.import_module(name)
+    plain_results = exposure(name).plain_results
     attributes: dict[str, Any] = {}
-    for attr in names:
-        if attr.startswith("_") or attr in rule.deny:
+    values = {attr: getattr(module, attr, _MISSING) for attr in exposed_names(name, module)}
+    replace = _REPLACEMENTS.get(name)
+    values.update(replace(context) if replace is not None else {})
+    for attr, value in values.items():
+        if value is _MISSING or mutable_module_value(value):
             continue
-        value = getattr(module, attr, MISSING)
-        if value is MISSING or isinstance(value, _MUTABLE_MODULE_VALUES):
-            continue
-        attributes[attr] = _facade_value(value, rule, context.provenance)
-    for attr, value in rule.replacements(context).items():
-        attributes[attr] = _facade_value(value, rule, context.provenance)
+        try:
+            attributes[attr] = _facade_value(value, plain_results, context)
+        except AdmissionError:
+            continue  # nothing the sandbox may hold
     prefix = name + "."
     for submodule in ALLOWED_MODULES:
         if submodule.startswith(prefix) and "." not in submodule[len(prefix):]:
             attributes[submodule[len(prefix):]] = module_facade(context, submodule)
     facade = context.facades[name] = SandboxModule(name, attributes)
     return facade
+
+
+_MISSING: Any = object()
 
 
 def guarded_import(context: SandboxContext) -> Callable[..., SandboxModule | None]:
@@ -492,4 +436,4 @@ def guarded_import(context: SandboxContext) -> Callable[..., SandboxModule | Non
 
 
 __all__ = ["ALLOWED_MODULES", "INTERNAL_IMPORTS", "SandboxModule", "check_field_names",
-           "guarded_import", "module_facade", "own_copy_module"]
+           "guarded_import", "module_facade"]

@@ -90,7 +90,7 @@ class Sandbox:
     def install_builtin(self, name: str, value: Any) -> None:
         """Add or replace a builtin visible to cells (guards such as ``_getattr_`` too); one a
         cell can name is admitted first (a Python function is held as a SandboxFunction)."""
-        admit = self.context.provenance.admit
+        admit = self.context.admission.admit
         self._builtins[name] = value if name.startswith("_") else admit(value)
 
     def builtin(self, name: str) -> Any:
@@ -188,7 +188,7 @@ class Sandbox:
         if not isinstance(name, str):
             raise TypeError("FINAL_VAR expects the variable's name as a string, "
                             "e.g. FINAL_VAR('answer')")
-        name = name.strip()
+        name = "".join([name]).strip()  # a plain str: a subclass's own strip() is not called
         if name.startswith("_") or name not in self.namespace:
             raise NameError(f"FINAL_VAR: no variable named {name!r}")
         self._final = self._final_record(self.namespace[name], name)

@@ -2,7 +2,8 @@
 
 Each `Sandbox` has one :class:`SandboxContext`, handed to the builtins and module facades it
 builds (nothing is reached through module globals): the namespace (``dir()`` without
-arguments), its provenance (what it made, by identity: provenance.py) and guards (guards.py),
+arguments), its provenance (what it made, by identity: provenance.py), admission (what a cell
+may hold: admission.py) and guards (guards.py),
 the module facades built so far, and the :class:`OutputBuffer` of the cell now running, which
 ``print``, ``pprint.pprint``, ``typing.reveal_type``, ``SHOW_VARS`` and ``help`` write to
 (between cells, and in a shadow run, there is none and writes are dropped).
@@ -15,6 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from .admission import Admission
 from .guards import Guards
 from .provenance import Provenance
 
@@ -61,12 +63,12 @@ class SandboxContext:
         """The output of the cell now running (None between cells)."""
         self.provenance = Provenance(namespace)
         """What the sandbox made: classes, functions and their instances, by identity."""
-        self.guards = Guards(self.provenance)
-        """The attribute guards of this sandbox."""
+        self.admission = Admission(self.provenance)
+        """What a cell may hold (admission.py)."""
+        self.guards = Guards(self.provenance, self.admission)
+        """The guards of this sandbox."""
         self.facades: dict[str, Any] = {}
         """Module facades built so far, by module name (see modules.py)."""
-        self.modules: dict[str, Any] = {}
-        """Private module instances behind facades (the sandbox's own ``copy``)."""
 
     @contextmanager
     def running(self, output: OutputBuffer) -> Iterator[OutputBuffer]:

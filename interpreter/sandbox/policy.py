@@ -3,19 +3,18 @@
 :func:`compile_cell` parses a cell and compiles it with RestrictedPython's
 ``compile_restricted_exec`` (plus annotated assignments, ``nonlocal`` and ``super().__init__``),
 so every attribute read goes through ``_getattr_``, every subscript through ``_getitem_``, every
-write through ``_write_``, and names starting with ``_`` are refused at compile time. The guards
-below are the ones that hold no state (the per-sandbox ones are in guards.py), with the name
-check every attribute access goes through and the sandbox's one-argument ``type``.
+write through ``_write_``, and names starting with ``_`` are refused at compile time; then opens
+the doors (doors.py: every other value a cell binds passes admission). Here too: the name check
+every attribute access goes through and the sandbox's one-argument ``type`` (the guards with
+state are in guards.py).
 """
 
 from __future__ import annotations
 
 import ast
-import operator
 import re
 import types
-from collections.abc import Callable
-from typing import Any, Final
+from typing import Any
 
 from RestrictedPython import compile_restricted_exec
 from RestrictedPython.transformer import (
@@ -23,6 +22,8 @@ from RestrictedPython.transformer import (
     RestrictingNodeTransformer,
     copy_locations,
 )
+
+from .doors import open_doors
 
 SANDBOX_MODULE_NAME = "__sandbox__"
 """``__name__`` of the sandbox namespace, hence ``__module__`` of classes defined in it."""
@@ -57,6 +58,12 @@ class SandboxPolicy(RestrictingNodeTransformer):
             copy_locations(lookup, node)
             return lookup
         return super().visit_Attribute(node)
+
+    def visit_Module(self, node: ast.Module) -> ast.AST:
+        """RestrictedPython's rewrite, then the doors (doors.py): every value cell code can
+        bind passes admission."""
+        node = super().visit_Module(node)
+        return open_doors(node) if not self.errors else node
 
     def visit_AnnAssign(self, node: ast.AnnAssign) -> ast.AST:
         return self.node_contents_visit(node)
@@ -125,29 +132,6 @@ def check_attribute_name(obj: Any, name: Any) -> None:
         raise AttributeError(f'"{name}" is not accessible in the sandbox (interpreter internals)')
     if name == "obj" and isinstance(obj, BaseException):
         raise AttributeError('"obj" of an exception is not accessible in the sandbox')
-
-
-_INPLACE_OPERATORS: Final[dict[str, Callable[[Any, Any], Any]]] = {
-    "+=": operator.iadd, "-=": operator.isub, "*=": operator.imul, "/=": operator.itruediv,
-    "//=": operator.ifloordiv, "%=": operator.imod, "**=": operator.ipow,
-    "<<=": operator.ilshift, ">>=": operator.irshift, "|=": operator.ior,
-    "^=": operator.ixor, "&=": operator.iand, "@=": operator.imatmul,
-}
-
-
-def guarded_getitem(obj: Any, key: Any) -> Any:
-    """``obj[key]`` (subscripts reach no interpreter internals)."""
-    return obj[key]
-
-
-def guarded_inplacevar(op: str, target: Any, value: Any) -> Any:
-    """``target op= value`` for plain names."""
-    return _INPLACE_OPERATORS[op](target, value)
-
-
-def guarded_apply(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """Calls written with ``*args`` / ``**kwargs``."""
-    return function(*args, **kwargs)
 
 
 class _SandboxTypeMeta(type):

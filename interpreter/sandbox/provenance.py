@@ -1,4 +1,4 @@
-"""What the sandbox made, and what it may hold: trust by identity, never by metadata.
+"""What the sandbox made: trust by identity, never by metadata.
 
 A :class:`Provenance` answers "did the sandbox make this?" from facts model code cannot write:
 a function's ``__globals__`` *is* the sandbox namespace (a read-only attribute, fixed when the
@@ -7,28 +7,17 @@ a weak set), an instance's ``type()`` is such a class. Nothing it decides reads 
 ``__qualname__``, a ``__dict__`` entry or ``__dataclass_fields__``, which a class's maker
 chooses.
 
-:meth:`Provenance.admit` is the one filter for real objects entering the sandbox (attribute
-reads, results of the module facades' functions): the real ``type`` and every other metaclass
-become the sandbox's ``type``; modules, frames, code objects, tracebacks, ``ForwardRef`` and
-module globals are refused; a real Python function becomes a :class:`SandboxFunction`, which
-calls it but has no ``__globals__``, ``__code__``, ``__closure__`` or defaults to read. So the
-only Python functions a cell ever holds are its own.
+A real Python function a cell may call is held as a :class:`SandboxFunction`, which calls it
+but has no ``__globals__``, ``__code__``, ``__closure__`` or defaults to read (admission.py
+decides what a cell may hold).
 """
 
 from __future__ import annotations
 
-import builtins
-import sys
 import types
-import typing
 import weakref
 from collections.abc import Callable
 from typing import Any
-
-from .policy import SandboxType
-
-_REFUSED_KINDS = (types.ModuleType, types.FrameType, types.CodeType, types.TracebackType,
-                  typing.ForwardRef)
 
 
 class SandboxFunction:
@@ -93,7 +82,6 @@ class Provenance:
         self.vetted_bases: weakref.WeakSet[type] = weakref.WeakSet()
         """Classes the facades made for this sandbox that a class statement may derive from
         (the enum classes), beside the fixed allow-list of classes.py; not writable."""
-        self._module_globals = _ModuleGlobals()
 
     def record(self, cls: Any) -> Any:
         """Record ``cls`` as made by the sandbox; returns it."""
@@ -110,52 +98,3 @@ class Provenance:
         if type(obj) is types.FunctionType:
             return obj.__globals__ is self.namespace
         return (obj if isinstance(obj, type) else type(obj)) in self.classes
-
-    def admit(self, value: Any, *, nested: bool = False) -> Any:
-        """``value`` as the sandbox may hold it (see the module docstring); tuples, and lists
-        inside them, are mapped item by item."""
-        kind = type(value)
-        if kind is types.FunctionType:
-            return value if value.__globals__ is self.namespace else SandboxFunction(value)
-        if isinstance(value, type):
-            return SandboxType if issubclass(value, type) else value
-        if kind is tuple or (nested and kind is list):
-            mapped = [self.admit(item, nested=True) for item in value]
-            return tuple(mapped) if kind is tuple else mapped
-        if isinstance(value, _REFUSED_KINDS) or (kind is dict and value is not self.namespace
-                                                 and self._module_globals.holds(value)):
-            raise TypeError(f"this is a {kind.__name__} object, which the sandbox may not hold")
-        return value
-
-    def admit_attribute(self, value: Any) -> Any:
-        """:meth:`admit` for an attribute just read (the value alone, containers as they are:
-        the hot path of every attribute read)."""
-        kind = type(value)
-        if kind is types.FunctionType:
-            return value if value.__globals__ is self.namespace else SandboxFunction(value)
-        if kind is dict:
-            if value is not self.namespace and self._module_globals.holds(value):
-                raise TypeError("this is a module's globals, which the sandbox may not hold")
-            return value
-        if isinstance(value, type):
-            return SandboxType if issubclass(value, type) else value
-        if isinstance(value, _REFUSED_KINDS):
-            raise TypeError(f"this is a {kind.__name__} object, which the sandbox may not hold")
-        return value
-
-
-class _ModuleGlobals:
-    """Recognises the globals dict of a loaded module (and the builtins' dict) by identity."""
-
-    def __init__(self) -> None:
-        self._ids: set[int] = set()
-        self._count = -1
-
-    def holds(self, value: dict[str, Any]) -> bool:
-        if "__builtins__" in value or value is vars(builtins):
-            return True
-        if len(sys.modules) != self._count:
-            modules = list(sys.modules.values())
-            self._ids = {id(vars(module)) for module in modules if module is not None}
-            self._count = len(sys.modules)
-        return id(value) in self._ids

@@ -26,7 +26,8 @@ from typing import Any
 import typing
 
 from agentrt.interpreter import sandbox as sandbox_module
-from agentrt.interpreter.sandbox import modules as sandbox_modules
+from agentrt.interpreter.sandbox import surface
+from agentrt.interpreter.sandbox.admission import TypeView
 
 # Where the classes of the allowed modules are implemented (their C accelerators and private
 # helpers); an object of one of these classes is part of what the sandbox offers.
@@ -45,10 +46,11 @@ SANDBOX_CLASS_MODULES = frozenset({sandbox_module.SANDBOX_MODULE_NAME,
                                    __name__})
 """Where the sandbox's own classes and functions live (``__name__``: classes that ``typing``'s
 class factories name after their caller, here the walk itself)."""
-EXTRA_CLASSES = frozenset({type(functools.cached_property(len).lock)}) \
-    if hasattr(functools.cached_property(len), "lock") else frozenset()
-"""Python 3.11's ``functools.cached_property`` holds an RLock (only the worker's own thread can
-take it)."""
+EXTRA_CLASSES = frozenset({TypeView}) | (frozenset({type(functools.cached_property(len).lock)})
+                                         if hasattr(functools.cached_property(len), "lock")
+                                         else frozenset())
+"""The sandbox's view of a class it does not hand out, and Python 3.11's
+``functools.cached_property`` RLock (only the worker's own thread can take it)."""
 SKIPPED_CALLS = frozenset({"sleep"})  # time.sleep(1) and the like only cost the crawl time
 PER_TYPE = 3
 MAX_VISITS = 150_000
@@ -102,13 +104,13 @@ class Crawler:
         """What the module facades leave out on purpose (their deny and only lists), and the
         mutable state of every module, by id."""
         denied: dict[int, str] = {id(builtins.open): "builtins.open"}
-        for name, rule in sandbox_modules._MODULE_RULES.items():
+        for name, rule in surface.EXPOSURES.items():
             module = sys.modules[name]
+            facade = object.__getattribute__(self.sandbox.module_facade(name), "_attributes")
             names = set(rule.deny)
             if rule.only:
                 names |= {attr for attr in vars(module) if not attr.startswith("_")
-                          and attr not in rule.only
-                          and attr not in rule.replacements(self.sandbox.context)}
+                          and attr not in rule.only and attr not in facade}
             for attr in names:
                 value = getattr(module, attr, None)
                 if callable(value) and id(value) not in self.offered:

@@ -63,7 +63,12 @@ HOOKS = ("__init_subclass__", "__set_name__", "__mro_entries__", "__class_getite
 LITERALS = ("0", "1", "2", "'a'", "'{0}'", "b'x'", "()", "[]", "{}", "None", "True", "(1, 2)",
             "['x', 'y']", "{'a': 1}", "{'__eq__': 1}", "[('x', int)]", "'x y'", "int", "str",
             "T", "ValueError('e')", "super", "print", "help", "FINAL", "getattr", "setattr",
-            "dir", "isinstance", "issubclass", "classmethod", "staticmethod", "property")
+            "dir", "isinstance", "issubclass", "classmethod", "staticmethod", "property",
+            # names of the third round's gadgets: a callable whose __name__ is a dunder (copy
+            # rebuilt bound methods with getattr(obj, name)), a memo for deepcopy
+            "typing.NewType('__globals__', int)", "typing.NewType('__getattribute__', int)",
+            "classmethod(typing.NewType('__class__', int))", "type(getattr)", "type(FINAL)",
+            "{0: 0}")
 
 
 def _exposed_names() -> list[str]:
@@ -192,18 +197,18 @@ def _module_globals() -> set[int]:
 
 def violation(obj: Any, sandbox: Sandbox, module_globals: set[int]) -> str | None:
     """What is wrong with the sandbox holding ``obj`` (None: nothing)."""
-    if isinstance(obj, type) and issubclass(obj, type) and obj is not SandboxType:
+    if issubclass(type(obj), type) and issubclass(obj, type) and obj is not SandboxType:
         return f"a metaclass ({obj.__qualname__})"
     if isinstance(obj, (types.ModuleType, types.FrameType, types.CodeType,
                         types.TracebackType)):
         return f"a {type(obj).__name__} object"
     if type(obj) is dict and (obj is vars(builtins) or obj is sandbox.namespace
                               or obj is sandbox.namespace.get("__builtins__")
-                              or "__builtins__" in obj or id(obj) in module_globals):
+                              or id(obj) in module_globals):
         return "a builtins dict or a module's globals"
     if type(obj) is types.FunctionType and obj.__globals__ is not sandbox.namespace:
         return f"a real function ({obj.__module__}.{obj.__qualname__})"
-    if isinstance(obj, type) and obj in sandbox.context.provenance.classes \
+    if issubclass(type(obj), type) and obj in sandbox.context.provenance.classes \
             and type(obj) not in ALLOWED_METACLASSES:
         return f"class {obj.__qualname__} with metaclass {type(obj).__qualname__}"
     return None
@@ -219,7 +224,7 @@ def _held(value: Any, depth: int, made: Any) -> Iterator[Any]:
         items: list[Any] = list(value)[:50]
     elif type(value) is dict:
         items = [item for pair in list(value.items())[:50] for item in pair]
-    elif isinstance(value, type) and value in made:
+    elif issubclass(type(value), type) and value in made:
         items = [item for name, item in type.__dict__["__dict__"].__get__(value).items()
                  if not name.startswith("_")][:50]  # what a cell can read of it
     else:

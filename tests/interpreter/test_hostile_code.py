@@ -192,8 +192,9 @@ HOSTILE_CELLS = [
                  id="forward-ref-from-get-args"),
     pytest.param(REAL_TYPE_DATACLASS_CHAIN, "TypeError", id="real-type-dataclass-chain"),
     *[pytest.param(REAL_TYPE + code, "TypeError", id=name) for name, code in HOOK_CLASSES.items()],
+    # type() of a typing alias is a view (no class to pass to super())
     pytest.param("import typing\nsuper(type(typing.List), typing.List).__init__(int, name='X')",
-                 "AttributeError", id="super-init-stdlib-singleton"),
+                 "TypeError", id="super-init-stdlib-singleton"),
     pytest.param("import decimal\nc = decimal.getcontext()\nsuper(type(c), c).__init__(prec=3)",
                  "AttributeError", id="super-init-stdlib-object"),
     pytest.param("import collections.abc\ncollections.abc.Mapping.register(int)",
@@ -328,13 +329,12 @@ class _SetsADunder:
         return (_Target, (), (None, {"__class__": _Target}))
 
 
-def test_copy_refuses_a_reduction_that_rebuilds_a_class_or_sets_dunders():
+def test_copy_never_runs_the_reduction_of_an_object_the_sandbox_may_not_hold():
     copy = Sandbox().module_facade("copy")
     for function in (copy.copy, copy.deepcopy):
-        with pytest.raises(TypeError, match="rebuilds a class"):
-            function(_RebuildsAClass())
-        with pytest.raises(TypeError, match="refusing to set attribute '__class__'"):
-            function(_SetsADunder())
+        for obj in (_RebuildsAClass(), _SetsADunder()):
+            with pytest.raises(TypeError, match="cannot be copied"):
+                function(obj)
     assert "public" not in vars(_Target)
     assert copy.deepcopy({"x": [1, 2]}) == {"x": [1, 2]}
 
@@ -350,16 +350,17 @@ class _Probe:
         return (lambda: _Probe.seen.append(copy._reconstruct) or _Probe(), ())
 
 
-def test_the_sandbox_copies_with_its_own_copy_module_and_leaves_the_stdlib_one_alone():
+def test_the_sandbox_copies_with_its_own_code_and_leaves_the_stdlib_module_alone():
     import copy as stdlib_copy
 
     original = stdlib_copy._reconstruct
     copy = Sandbox().module_facade("copy")
     _Probe.seen.clear()
     for function in (copy.copy, copy.deepcopy):
-        assert type(function(_Probe())) is _Probe
-    assert _Probe.seen == [original, original]  # never swapped, not even while copying
-    with pytest.raises(TypeError, match="rebuilds a class"):
+        with pytest.raises(TypeError, match="cannot be copied"):
+            function(_Probe())
+    assert _Probe.seen == [] and stdlib_copy._reconstruct is original  # never reduced
+    with pytest.raises(TypeError, match="cannot be copied"):
         copy.deepcopy([[_RebuildsAClass()]])
     assert stdlib_copy.deepcopy(_SetsADunder()).__class__ is _Target  # stdlib: unchecked
 
@@ -453,7 +454,7 @@ class _WritesIntoASingleton:
 def test_copy_never_writes_into_an_object_the_sandbox_did_not_make():
     copy = Sandbox().module_facade("copy")
     for function in (copy.copy, copy.deepcopy):
-        with pytest.raises(TypeError, match="did not make"):
+        with pytest.raises(TypeError, match="cannot be copied"):
             function(_WritesIntoASingleton())
     assert not hasattr(SINGLETON, "_private")
     import random

@@ -45,6 +45,10 @@ def test_the_old_class_path_is_found(monkeypatch: pytest.MonkeyPatch):
     """With the class statement going straight to Python (the previous round's path), the
     alias base gives the cell a metaclass, and the oracle says so."""
     sandbox = Sandbox()
-    sandbox.install_builtin("__build_class__", builtins.__build_class__)
+
+    def build_class(body, name, *bases, metaclass=None, **keywords):
+        return builtins.__build_class__(body, name, *bases, **keywords)
+
+    sandbox.install_builtin("__build_class__", build_class)
     found = run_program(METACLASS_FROM_ALIAS, sandbox)
     assert found and "metaclass" in found[0]

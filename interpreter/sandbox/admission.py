@@ -1,0 +1,430 @@
+"""Admission: the one check every value passes before sandboxed code can bind it.
+
+Cell code only ever sees a value through a handful of doors: the result of a call or an
+operator, an attribute read, a subscript, an item of an iteration or unpacking, a parameter of
+its own function (whoever calls it), the target of ``with``, the value sent into a generator,
+what a decorator returns. policy.py rewrites every one of those doors (after RestrictedPython's
+own rewrite) to pass through :meth:`Admission.admit`, so *what a cell can hold is what admit
+lets through*, whichever stdlib path produced it.
+
+``admit`` is an allow-list, decided by identity and exact type, never by metadata a class's
+maker chooses:
+
+* plain data (numbers, strings, bytes, the builtin containers, ranges, slices) passes as it is;
+  a container's items are admitted when the cell reads them. A dict that is a module's globals,
+  the sandbox's namespace or a builtins dict is refused (by identity);
+* a Python function is the cell's own (its globals are the namespace) or is held as a
+  :class:`~.provenance.SandboxFunction` (callable, nothing to read); a bound method likewise;
+* a C function bound to a module is one the sandbox hands out (the safe builtins and the module
+  facades' functions, by identity); bound to an object, the object must pass and the name must
+  be public; an unbound C method of a class the sandbox holds passes under a public name;
+  ``str.format`` / ``format_map`` become the guarded versions; every other descriptor or slot
+  wrapper (``object.__getattribute__``...) is refused;
+* a class is one the sandbox made, an exception class, or a *held* class (the builtin types,
+  the classes the facades show: surface.py); a metaclass becomes the sandbox's ``type``; any
+  other class becomes a :class:`TypeView` (a name to print and compare, nothing to call);
+* callable wrappers (``functools.partial``, ``property``, ``classmethod``, ``staticmethod``,
+  ``lru_cache`` and ``cached_property`` wrappers) pass only if what they wrap does;
+* any other object passes if its exact type is held, made by the sandbox, or an exception;
+  everything else (modules, frames, code, tracebacks, cells, mapping proxies of class
+  dicts, memoryviews, the runtime's own objects) is refused with :class:`AdmissionError`.
+
+:meth:`Admission.admit_deep` also walks containers (the results of module functions, which are
+where stdlib reflection lives).
+"""
+
+from __future__ import annotations
+
+import builtins
+import collections
+import csv
+import dataclasses
+import datetime
+import decimal
+import functools
+import hashlib
+import io
+import itertools
+import re
+import statistics
+import sys
+import types
+import typing
+import unicodedata
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from .policy import SandboxType
+from .provenance import Provenance, SandboxFunction
+from .surface import held_classes
+
+class AdmissionError(TypeError):
+    """A value the sandbox may not hold (cells see it as a ``TypeError``)."""
+
+
+AdmissionError.__name__ = AdmissionError.__qualname__ = "TypeError"  # the name a cell's error shows
+
+
+class TypeView:
+    """A class the sandbox does not hand out, as ``type()`` and attribute reads show it: its
+    name, equality with the view of the same class, ``isinstance`` / ``issubclass`` checks;
+    nothing to call, instantiate or read."""
+
+    __slots__ = ("_cls", "__weakref__")
+
+    def __init__(self, cls: type) -> None:
+        object.__setattr__(self, "_cls", cls)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise TypeError("a class view is read-only")
+
+    __delattr__ = __setattr__  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"<class {self._cls.__qualname__!r}>"
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is TypeView and other._cls is self._cls
+
+    def __hash__(self) -> int:
+        return hash(self._cls)
+
+    def __instancecheck__(self, obj: Any) -> bool:
+        return isinstance(obj, self._cls)
+
+    def __subclasscheck__(self, cls: Any) -> bool:
+        return isinstance(cls, type) and issubclass(cls, self._cls)
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise TypeError("class views cannot leave the sandbox")
+
+
+# --------------------------------------------------------------------------- what is held
+
+_PLAIN: frozenset[type] = frozenset({
+    int, float, complex, bool, str, bytes, type(None), type(...), type(NotImplemented),
+    list, tuple, set, frozenset, bytearray, range, slice,
+    collections.deque, collections.OrderedDict, collections.defaultdict, collections.Counter,
+})
+"""Exact types that pass as they are (dict is checked by identity, see `_dict`)."""
+
+_PLAIN_ITEMS: frozenset[type] = frozenset({range, str, bytes, bytearray})
+"""Exact types whose items are always plain (iterated without admission)."""
+
+_FORMAT_NAMES = frozenset({"format", "format_map"})
+
+_CONTAINERS: frozenset[type] = frozenset({
+    list, tuple, set, frozenset, dict, collections.deque, collections.OrderedDict,
+    collections.defaultdict, collections.Counter,
+})
+"""Exact container types :meth:`Admission.admit_deep` walks."""
+
+
+def _sample_types() -> set[type]:
+    """Types of objects the held classes' methods and the allowed modules hand out whose
+    classes are not public: iterators, views, typing's aliases, hash and csv objects..."""
+    T = typing.TypeVar("T")
+    ordered = collections.OrderedDict()
+    samples: list[Any] = [
+        iter([]), iter(()), iter(""), iter("é"), iter(b""), iter(bytearray()), iter(set()),
+        iter(range(1)), iter(range(10 ** 20)), iter({}), iter({}.values()), iter({}.items()),
+        reversed([]), reversed({}), reversed({}.values()), reversed({}.items()),
+        {}.keys(), {}.values(), {}.items(),
+        ordered.keys(), ordered.values(), ordered.items(), iter(ordered),
+        iter(ordered.values()), iter(ordered.items()), reversed(ordered),
+        iter(collections.deque()), reversed(collections.deque()),
+        re.finditer("", ""), iter(lambda: 0, 0),
+        hashlib.sha256(), hashlib.blake2b(), hashlib.blake2s(),
+        csv.reader([]), csv.writer(io.StringIO()),
+        functools.lru_cache(lambda: 0),
+        next(itertools.groupby("a"))[1], itertools.tee("a")[0],
+        typing.List, typing.List[int], typing.Union, typing.Union[int, str],
+        typing.Callable, typing.Callable[[int], int], typing.Tuple, typing.Tuple[int],
+        typing.Literal[0], typing.Annotated[int, 0], typing.Generic[T], list[int], int | str,
+        typing.ParamSpec("P").args, typing.ParamSpec("P").kwargs,
+        (i for i in ()),
+        functools.lru_cache()(lambda: 0).cache_info(), functools.cmp_to_key(len),
+        functools.cmp_to_key(len)(0), datetime.date(2000, 1, 1).isocalendar(),
+        decimal.Decimal(1).as_tuple(), decimal.localcontext(), unicodedata.ucd_3_2_0,
+        hashlib.shake_128(), statistics.linear_regression([1, 2], [1, 2]),
+        dataclasses.MISSING, dataclasses.KW_ONLY,
+    ]
+    return {type(sample) for sample in samples}
+
+
+@functools.cache
+def held_instance_types() -> frozenset[type]:
+    """Exact types of the objects a cell may hold (besides plain data and what it made)."""
+    return held_classes() | frozenset(_sample_types()) | {
+        SandboxFunction, TypeView, types.GeneratorType, type(SandboxType)}
+
+
+_REFUSED: tuple[type, ...] = (
+    types.ModuleType, types.FrameType, types.CodeType, types.TracebackType, types.CellType,
+    memoryview, typing.ForwardRef, types.WrapperDescriptorType, types.GetSetDescriptorType,
+    types.MemberDescriptorType, types.ClassMethodDescriptorType, types.CoroutineType,
+    types.AsyncGeneratorType,
+)
+
+
+def _name_of(value: Any) -> str:
+    name = getattr(value, "__name__", None)
+    return name if isinstance(name, str) else "?"
+
+
+# --------------------------------------------------------------------------- admission
+
+class Admission:
+    """One sandbox's admission (see the module docstring)."""
+
+    def __init__(self, provenance: Provenance) -> None:
+        self.provenance = provenance
+        self.namespace = provenance.namespace
+        self._held_instances: set[type] = set(held_instance_types())
+        self._held_classes = held_classes()
+        self._known_functions: set[int] = set()
+        self._known_keep: list[Any] = []  # keeps the ids in `_known_functions` valid
+        self._views: weakref.WeakKeyDictionary[type, TypeView] = weakref.WeakKeyDictionary()
+        self._builtins_dicts: list[dict[str, Any]] = []
+        self.format_guard: Callable[[Any, str], Any] | None = None
+        """Turns a raw ``str.format`` / ``format_map`` (bound to a string, or unbound) into
+        the guarded version (set by guards.py)."""
+        self._rules: dict[type, Callable[[Any], Any]] = {
+            dict: self._dict,
+            types.FunctionType: self._function,
+            types.MethodType: self._method,
+            types.BuiltinFunctionType: self._builtin,
+            types.MethodDescriptorType: self._descriptor,
+            types.MethodWrapperType: self._method_wrapper,
+            types.MappingProxyType: dict,  # a copy: its items are admitted when read
+            functools.partial: self._partial,
+            property: self._property,
+            classmethod: self._wrapped_function,
+            staticmethod: self._wrapped_function,
+            functools.cached_property: self._cached_property,
+            type(functools.lru_cache(lambda: 0)): self._lru_wrapper,
+        }
+        for kind in _REFUSED:
+            self._rules[kind] = self._refuse
+
+    # -- registration ------------------------------------------------------------------------
+    def hold(self, kind: type) -> None:
+        """Let objects of exact type ``kind`` in (the shadow's lazy values, for one)."""
+        self._held_instances.add(kind)
+
+    def know_function(self, function: Any) -> None:
+        """A C function bound to a module that the sandbox hands out (a builtin, a facade's
+        function): it passes by identity."""
+        if type(function) is types.BuiltinFunctionType and id(function) not in \
+                self._known_functions:
+            self._known_functions.add(id(function))
+            self._known_keep.append(function)
+
+    def refuse_dict(self, mapping: dict[str, Any]) -> None:
+        """Refuse ``mapping`` by identity (the sandbox's builtins dict)."""
+        self._builtins_dicts.append(mapping)
+
+    # -- the check ---------------------------------------------------------------------------
+    def admit(self, value: Any) -> Any:
+        """``value`` as the cell may hold it (maybe a wrapper or a view), or AdmissionError."""
+        kind = type(value)
+        if kind in _PLAIN:
+            return value
+        rule = self._rules.get(kind)
+        if rule is not None:
+            return rule(value)
+        if kind in self._held_instances or kind in self.provenance.classes:
+            return value
+        if isinstance(value, type):
+            return self.admit_class(value)
+        if isinstance(value, BaseException):
+            return value
+        raise AdmissionError(f"a {kind.__qualname__!r} object cannot enter the sandbox")
+
+    def admissible(self, value: Any) -> bool:
+        """Whether ``value`` passes as it is (no wrapper, no view)."""
+        try:
+            return self.admit(value) is value
+        except AdmissionError:
+            return False
+
+    def admit_class(self, cls: type) -> Any:
+        """A class as the cell may hold it: itself, the sandbox's ``type`` for a metaclass, or
+        a `TypeView`."""
+        if issubclass(cls, type):
+            return SandboxType
+        provenance = self.provenance
+        if cls in self._held_classes or cls in provenance.classes \
+                or cls in provenance.vetted_bases or cls is SandboxType \
+                or issubclass(cls, BaseException):
+            return cls
+        view = self._views.get(cls)
+        if view is None:
+            view = self._views[cls] = TypeView(cls)
+        return view
+
+    def type_of(self, value: Any) -> Any:
+        """The sandbox's one-argument ``type()``."""
+        return self.admit_class(type(value))
+
+    def admit_deep(self, value: Any) -> Any:
+        """:meth:`admit`, also of every item of the builtin containers inside ``value`` (a
+        container whose items changed is rebuilt; the others are returned as they are)."""
+        return self._deep(value, {})
+
+    def _deep(self, value: Any, memo: dict[int, Any]) -> Any:
+        kind = type(value)
+        if kind not in _CONTAINERS:
+            return self.admit(value)
+        if id(value) in memo:
+            return memo[id(value)]
+        memo[id(value)] = value
+        if kind is dict or kind is collections.OrderedDict or kind is collections.defaultdict \
+                or kind is collections.Counter:
+            self._dict(value)
+            pairs = [(self._deep(k, memo), self._deep(v, memo)) for k, v in value.items()]
+            if any(a is not k or b is not v for (a, b), (k, v) in zip(pairs, value.items())):
+                value.clear()
+                value.update(pairs)
+            return value
+        items = [self._deep(item, memo) for item in value]
+        if all(a is b for a, b in zip(items, value)):
+            return value
+        if kind is list:
+            value[:] = items
+            return value
+        if kind is collections.deque:
+            value.clear()
+            value.extend(items)
+            return value
+        rebuilt = kind(items)  # tuple, set, frozenset
+        memo[id(value)] = rebuilt
+        return rebuilt
+
+    def iterate(self, iterable: Any) -> Iterator[Any]:
+        """``iter(iterable)`` whose items are admitted (``for`` loops, comprehensions,
+        unpacking)."""
+        if type(iterable) in _PLAIN_ITEMS:
+            return iter(iterable)
+        return map(self.admit, iter(iterable))
+
+    # -- rules by kind -----------------------------------------------------------------------
+    def _refuse(self, value: Any) -> Any:
+        raise AdmissionError(f"a {type(value).__name__} object cannot enter the sandbox")
+
+    def _dict(self, value: dict[str, Any]) -> Any:
+        if value is self.namespace or any(value is d for d in self._builtins_dicts) \
+                or _is_module_globals(value):
+            raise AdmissionError("a module's globals, the namespace or a builtins dict cannot "
+                                 "enter the sandbox")
+        return value
+
+    def _function(self, value: types.FunctionType) -> Any:
+        return value if value.__globals__ is self.namespace else SandboxFunction(value)
+
+    def _method(self, value: types.MethodType) -> Any:
+        function, owner = value.__func__, value.__self__
+        if type(function) is types.FunctionType and function.__globals__ is self.namespace \
+                and self.admissible(owner):
+            return value
+        return SandboxFunction(value)
+
+    def _builtin(self, value: types.BuiltinFunctionType) -> Any:
+        owner = value.__self__
+        if type(owner) in _PLAIN:  # the hot path: a method of a string or a container
+            name = value.__name__
+            if name[0] == "_":
+                raise AdmissionError(f"the method {name!r} cannot enter the sandbox")
+            if name in _FORMAT_NAMES and type(owner) is str and self.format_guard is not None:
+                return self.format_guard(owner, name)
+            return value
+        if owner is None or type(owner) is types.ModuleType:
+            if id(value) in self._known_functions:
+                return value
+            raise AdmissionError(f"the function {_name_of(value)!r} is not one the "
+                                 "sandbox hands out")
+        name = _name_of(value)
+        if isinstance(owner, str) and name in ("format", "format_map") \
+                and self.format_guard is not None:
+            return self.format_guard(owner, name)
+        if name == "__init__" and self.provenance.made(owner):
+            return value  # super().__init__ (guards.py)
+        if name.startswith("_"):
+            raise AdmissionError(f"the method {name!r} cannot enter the sandbox")
+        if isinstance(owner, type):
+            if self.admit_class(owner) is not owner:
+                raise AdmissionError(f"a method of {owner.__qualname__!r} cannot enter the "
+                                     "sandbox")
+            return value
+        if not self.admissible(owner):
+            raise AdmissionError(f"a method of a {type(owner).__qualname__!r} object cannot "
+                                 "enter the sandbox")
+        return value
+
+    def _descriptor(self, value: Any) -> Any:
+        name, owner = value.__name__, value.__objclass__
+        if name.startswith("_") or self.admit_class(owner) is not owner:
+            raise AdmissionError(f"the method {owner.__qualname__}.{name} cannot enter the "
+                                 "sandbox")
+        if owner is str and name in ("format", "format_map") and self.format_guard is not None:
+            return self.format_guard(None, name)
+        return value
+
+    def _method_wrapper(self, value: Any) -> Any:
+        if value.__name__ == "__init__" and self.provenance.made(value.__self__):
+            return value  # super().__init__ of an object the sandbox made (guards.py)
+        return self._refuse(value)
+
+    def _partial(self, value: functools.partial) -> Any:
+        func = self.admit(value.func)
+        args = tuple(self.admit(arg) for arg in value.args)
+        keywords = {key: self.admit(arg) for key, arg in value.keywords.items()}
+        if func is value.func and all(a is b for a, b in zip(args, value.args)) \
+                and all(keywords[k] is v for k, v in value.keywords.items()):
+            return value
+        return functools.partial(func, *args, **keywords)
+
+    def _inner_as_is(self, inner: Any, what: str) -> None:
+        if inner is not None and not self.admissible(inner):
+            raise AdmissionError(f"a {what} around an object the sandbox may not hold")
+
+    def _property(self, value: property) -> Any:
+        for inner in (value.fget, value.fset, value.fdel):
+            self._inner_as_is(inner, "property")
+        return value
+
+    def _wrapped_function(self, value: Any) -> Any:
+        self._inner_as_is(value.__func__, type(value).__name__)
+        return value
+
+    def _cached_property(self, value: functools.cached_property) -> Any:
+        self._inner_as_is(value.func, "cached_property")
+        return value
+
+    def _lru_wrapper(self, value: Any) -> Any:
+        self._inner_as_is(value.__wrapped__, "lru_cache wrapper")
+        return value
+
+
+class _ModuleGlobals:
+    """Recognises the globals dict of a loaded module (and the builtins' dict) by identity."""
+
+    def __init__(self) -> None:
+        self._ids: set[int] = set()
+        self._count = -1
+
+    def holds(self, value: dict[str, Any]) -> bool:
+        if value is vars(builtins) or "__builtins__" in value:
+            return True
+        if len(sys.modules) != self._count:
+            modules = list(sys.modules.values())
+            self._ids = {id(vars(module)) for module in modules if module is not None}
+            self._count = len(sys.modules)
+        return id(value) in self._ids
+
+
+_is_module_globals = _ModuleGlobals().holds
+
+
+__all__ = ["Admission", "AdmissionError", "TypeView", "held_instance_types"]

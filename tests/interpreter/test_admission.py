@@ -1,0 +1,353 @@
+"""Admission: every door a value can reach a cell by admits it (doors.py, admission.py).
+
+The escapes of the third red-team round, each a different path to a real object, are run here
+against the first wall alone (an in-process sandbox, the fuzzer's oracle on what the namespace
+holds) and, for the shadow's paths, in shadow mode with lazy values resolving. Then the doors
+themselves: each kind of door is shown to admit, by a cell that would bind a real object
+through it if it did not.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import types
+
+import pytest
+
+from agentrt.interpreter.frames import Launch, Shadow
+from agentrt.interpreter.sandbox import Sandbox
+from agentrt.interpreter.sandbox.admission import AdmissionError, TypeView
+from agentrt.interpreter.sandbox.policy import SandboxType
+from agentrt.interpreter.shadow_worker import ShadowRun
+from sandbox_fuzz import violations
+
+ESCAPE = "ESCAPED"
+
+ROUND_THREE = {
+    "copy-of-a-bound-method-with-a-chosen-name": """
+import copy, typing
+bind = type(getattr)
+def f():
+    pass
+try:
+    glb = copy.copy(bind(typing.NewType('__globals__', int), f))
+    print('ESCAPED', glb['__builtins__']['__metaclass__'])
+except Exception as e:
+    print('refused', type(e).__name__)
+""",
+    "copy-of-a-classmethod-named-getattribute": """
+import copy, typing
+class A:
+    m = classmethod(typing.NewType('__getattribute__', int))
+ga = copy.copy(A.m)
+try:
+    real_type = ga(A, '__class__')
+    print('ESCAPED', real_type)
+except Exception as e:
+    print('refused', type(e).__name__)
+""",
+    "eq-hook-sees-typings-origin": """
+import typing
+seen = []
+class Catch:
+    def __eq__(self, other):
+        seen.append(other)
+        return False
+try:
+    class X(typing.Type[int], Catch()):
+        pass
+except TypeError:
+    pass
+if any(s is not type and str(s) == "<class 'type'>" and s('E', (), {}) for s in seen):
+    print('ESCAPED')
+""",
+    "eq-hook-through-a-crafted-alias": """
+import typing
+seen = []
+class Catch:
+    def __eq__(self, other):
+        seen.append(other)
+        return True
+try:
+    Alias = type(typing.List[int])
+    crafted = Alias(Catch(), (int,), name='X')
+    class X(crafted, typing.Type[int]):
+        pass
+except TypeError:
+    pass
+""",
+    "deepcopy-with-a-memo-of-the-cells": """
+import copy
+class Memo(dict):
+    def get(self, key, default=None):
+        return dict.get(self, key, default)
+memo = Memo()
+try:
+    copy.deepcopy(FINAL, memo)
+except Exception as e:
+    print('refused', type(e).__name__)
+found = [dict.get(memo, k) for k in list(memo)]
+""",
+    "enum-names-that-change-between-reads": """
+import enum
+def hook(*args, **kwargs):
+    print('ESCAPED hook ran')
+class Names(str):
+    def replace(self, a, b):
+        return self
+    def split(self):
+        self.calls.append(1)
+        return ['A'] if len(self.calls) == 1 else [('__get__', hook), ('A', 1)]
+n = Names('A')
+n.calls = []
+E = enum.Enum('E', n)
+class Holder:
+    value = E.A
+print(Holder().value)
+""",
+    "memoryview-through-a-digest-callback": """
+import hashlib, io
+class D:
+    def update(self, data):
+        print('ESCAPED', type(data))
+    def digest(self):
+        return b''
+try:
+    hashlib.file_digest(io.BytesIO(b'x'), D)
+except Exception as e:
+    print('refused', type(e).__name__)
+""",
+    "enum-mixin-of-any-class": """
+import enum, difflib
+try:
+    E = enum.Enum('E', [], type=difflib.SequenceMatcher)
+    print('ESCAPED', E)
+except TypeError as e:
+    print('refused')
+""",
+    "alias-class-writes-orig-class": """
+import json
+try:
+    Alias = type(list[int])
+    Alias(json.JSONDecoder, (int,))()
+    print('ESCAPED')
+except TypeError:
+    print('refused')
+""",
+    "private-keywords": """
+def f(**k):
+    return k
+try:
+    f(**{'_x': 1})
+    print('ESCAPED')
+except TypeError:
+    print('refused')
+""",
+    "final-var-with-a-str-subclass": """
+class N(str):
+    def strip(self):
+        return '__builtins__'
+    def startswith(self, prefix):
+        return False
+FINAL_VAR(N('x'))
+""",
+    "shared-class-state": """
+import textwrap
+table = textwrap.TextWrapper.unicode_whitespace_trans
+table[32] = 'X'
+if textwrap.TextWrapper.unicode_whitespace_trans.get(32) == 'X':
+    print('ESCAPED shared state changed')
+""",
+    "type-hands-out-internal-classes": """
+kinds = [type(getattr), type(print), type(type(list[int])), type(FINAL)]
+for kind in kinds:
+    try:
+        kind(1, 2)
+        print('ESCAPED', kind)
+    except TypeError:
+        pass
+""",
+}
+
+
+@pytest.mark.parametrize("name", sorted(ROUND_THREE))
+def test_round_three_escapes_are_contained(name):
+    sandbox = Sandbox()
+    outcome = sandbox.execute(ROUND_THREE[name])
+    assert ESCAPE not in outcome.stdout, outcome.stdout
+    assert violations(sandbox) == []
+    if outcome.final is not None:
+        assert "__builtins__" not in str(outcome.final)
+    if name == "shared-class-state":
+        import textwrap
+
+        assert textwrap.TextWrapper.unicode_whitespace_trans.get(32) != "X"
+
+
+# -- the shadow's paths ------------------------------------------------------------------------
+
+class _InProcessShadow:
+    """A `ShadowRun` in this process: launches of ``echo`` resolve to their first argument on
+    another thread, launches of ``leak`` are recorded."""
+
+    def __init__(self, sandbox: Sandbox) -> None:
+        self.sandbox = sandbox
+        self.channel = types.SimpleNamespace()
+        self.leaked: list = []
+        self.run: ShadowRun | None = None
+
+    def send(self, frame) -> None:
+        if isinstance(frame, Launch):
+            if frame.name == "leak":
+                self.leaked.extend(frame.args)
+            run = self.run
+            assert run is not None
+            value = frame.args[0] if frame.args else None
+            threading.Timer(0.01, run.table.resolve, (frame.call, value)).start()
+
+    def receive(self):
+        time.sleep(3600)
+
+
+def run_in_shadow(code: str) -> tuple[Sandbox, list]:
+    sandbox = Sandbox()
+    for tool in ("echo", "leak"):
+        sandbox.install_tool(tool, f"{tool}(x)", lambda *a, **k: None)
+    process = _InProcessShadow(sandbox)
+    run = process.run = ShadowRun(process, Shadow(((0, 1, code),), ("echo", "leak"), 5.0))
+    run._enter_shadow_mode()
+    for _block, _tree, compiled in run._compile_blocks(((0, 1, code),)):
+        try:
+            exec(compiled, sandbox.namespace)
+        except BaseException:  # an abandoned or failed statement ends the block, as in a shadow
+            break
+    time.sleep(0.1)
+    return sandbox, process.leaked
+
+
+SHADOW_ROUND_THREE = {
+    "lazy-attribute-through-attrgetter": """
+import operator, json
+r = echo(1)
+L = ([json.JSONDecoder] * r)[0]
+for f in [operator.attrgetter('decode')(L)] * r:
+    pass
+leak(repr(type(f)))
+""",
+    "lazy-str-format-through-super": """
+import operator
+r = echo(1)
+class S(str):
+    def sup(self):
+        return super()
+fmt = operator.attrgetter('format')(([S('{0.__class__}').sup()] * r)[0])
+leak(repr(fmt))
+""",
+    "lazy-copy-of-a-classmethod": """
+import copy, typing
+r = echo(1)
+class A:
+    m = classmethod(typing.NewType('__class__', int))
+cp = copy.copy
+T = cp(([A.m] * r)[0])
+leak(repr(T))
+""",
+}
+
+
+@pytest.mark.parametrize("name", sorted(SHADOW_ROUND_THREE))
+def test_round_three_shadow_escapes_are_contained(name):
+    sandbox, leaked = run_in_shadow(SHADOW_ROUND_THREE[name])
+    assert violations(sandbox) == []
+    for text in leaked:
+        assert " at 0x" not in text and "<class 'function'>" not in text, leaked
+        assert "<method 'format' of 'str' objects>" not in text, leaked
+
+
+def test_the_shadow_harness_sees_what_a_shadow_sends():
+    """What the checks above read: resolved values reach the arguments of later launches."""
+    sandbox, leaked = run_in_shadow("r = echo(1)\nleak(r + 1)\nleak(repr(r))")
+    assert leaked == [2, "1"]
+
+
+# -- each door ---------------------------------------------------------------------------------
+
+class _Real:
+    """A real object of a class the sandbox does not hold."""
+
+    def method(self):
+        return self
+
+
+DOORS = {
+    "call result": "v = give()",
+    "operator result": "v = give_op + 1",
+    "attribute": "v = holder.real",
+    "subscript": "v = box[0]",
+    "iteration": "for v in box:\n    pass",
+    "unpacking": "v, w = box + [1]",
+    "comprehension": "v = [x for x in box][0] if False else [x for x in box]",
+    "parameter": "def f(x):\n    return x\nv = list(map(f, box))",
+    "lambda parameter": "v = list(map(lambda x: x, box))",
+    "with target": "with ctx as v:\n    pass",
+    "decorator": "@deco\ndef v():\n    pass",
+    "generator send": "def g():\n    x = yield 1\n    yield x\n"
+                      "it = g()\nnext(it)\nv = it.send(item)",
+}
+
+
+class _Holder:
+    def __init__(self, real):
+        self.real = real
+
+
+class _Context:
+    def __init__(self, real):
+        self.real = real
+
+    def __enter__(self):
+        return self.real
+
+    def __exit__(self, *exc):
+        return False
+
+
+class _Adds:
+    def __add__(self, other):
+        return _Real()
+
+
+@pytest.mark.parametrize("door", sorted(DOORS))
+def test_every_door_admits(door):
+    real = _Real()
+    sandbox = Sandbox()
+    sandbox.namespace.update({
+        "give": lambda: real, "give_op": _Adds(), "box": [real],
+        "item": real, "deco": lambda function: real,
+    })
+    sandbox.context.admission.hold(_Holder)
+    sandbox.context.admission.hold(_Context)
+    sandbox.context.admission.hold(_Adds)
+    sandbox.namespace["holder"] = _Holder(real)
+    sandbox.namespace["ctx"] = _Context(real)
+    outcome = sandbox.execute(DOORS[door])
+    assert outcome.error is not None and "cannot enter the sandbox" in outcome.error, \
+        (door, outcome)
+    held = sandbox.namespace.get("v")
+    assert held is not real and not (type(held) is list and real in held)
+
+
+def test_admission_maps_and_refuses():
+    sandbox = Sandbox()
+    admit = sandbox.context.admission.admit
+    assert admit(type) is SandboxType
+    assert isinstance(admit(types.FunctionType), TypeView)
+    assert admit([1, "a"]) == [1, "a"] and admit(int) is int
+    for refused in (sandbox.namespace, sandbox.namespace["__builtins__"], vars(types),
+                    types.ModuleType("m"), memoryview(b"x"), object.__getattribute__,
+                    (lambda: 0).__code__, eval):
+        with pytest.raises(AdmissionError):
+            admit(refused)
+    assert type(admit(len)) is type(len)  # a builtin the sandbox hands out
+    assert repr(admit(types.FunctionType)) == "<class 'function'>"
