@@ -6,7 +6,8 @@ What RestrictedPython already routes through a guard, the guards admit: attribut
 ``*``/``**`` (``_apply_``), ``x op= y`` (``_inplacevar_``). This rewrite adds the rest:
 
 * the result of every other call, and of every operator (``a + b``, ``-a``, ``a < b``):
-  ``_admit_(...)`` around it;
+  ``_admit_(...)`` around it (not around a value a statement drops, nor around ``in``,
+  ``is`` and ``not``, which are bools);
 * what a generator is sent (``yield``, ``yield from``): ``_admit_(...)`` around it;
 * the parameters of every function and lambda the cell defines, whoever calls it (a stdlib
   callback, a comparison, ``__set_name__``...): admitted on entry (``*args`` item by item,
@@ -29,6 +30,8 @@ ADMIT_ALL = "_admit_all_"
 ADMIT_KEYWORDS = "_admit_keywords_"
 DECORATE = "_decorate_"
 ENTER = "_enter_"
+
+_BOOL_COMPARISONS = (ast.In, ast.NotIn, ast.Is, ast.IsNot)
 
 HOOKS = frozenset({
     "_getattr_", "_getitem_", "_write_", "_getiter_", "_inplacevar_", "_apply_", "_print_",
@@ -78,11 +81,30 @@ class DoorRewrite(ast.NodeTransformer):
         self.generic_visit(node)
         return _call(ADMIT, node)
 
-    visit_BinOp = visit_Compare = visit_Yield = visit_YieldFrom = _admitted
+    visit_BinOp = visit_Yield = visit_YieldFrom = _admitted
 
     def visit_UnaryOp(self, node: ast.UnaryOp) -> ast.AST:
         self.generic_visit(node)
         return node if isinstance(node.op, ast.Not) else _call(ADMIT, node)
+
+    def visit_Compare(self, node: ast.Compare) -> ast.AST:
+        self.generic_visit(node)
+        if all(isinstance(op, _BOOL_COMPARISONS) for op in node.ops):
+            return node  # Python makes these a bool whatever the operands answer
+        return _call(ADMIT, node)
+
+    def visit_Expr(self, node: ast.Expr) -> ast.AST:
+        """A value computed as a statement is dropped, never bound: not admitted (what it is
+        computed from still is)."""
+        node.value = self._unwrapped(node.value)
+        return node
+
+    def _unwrapped(self, value: ast.expr) -> ast.expr:
+        visited = self.visit(value)
+        if isinstance(visited, ast.Call) and isinstance(visited.func, ast.Name) \
+                and visited.func.id == ADMIT and visited is not value:
+            return visited.args[0]
+        return visited
 
     # -- parameters ----------------------------------------------------------------------------
     def visit_FunctionDef(self, node: ast.FunctionDef) -> ast.AST:
