@@ -26,16 +26,16 @@ from agentrt.interpreter.jail import JailUnavailable
 from agentrt.interpreter.repl import Repl, ReplLimits
 from agentrt.interpreter.repl.pool import PoolLease, WorkerSpec, shared_pool
 from agentrt.interpreter.protocol import to_plain
-from agentrt.interpreter.segmenter import BlockClosed, BlockOpened, CodeStream, StatementClosed
 from agentrt.tools import DEFAULT_TOOL_TIMEOUT_S, Tool, ToolRegistry
 
 from . import prompts
 from .ledger import SpeculationBudget
 from .llm_tools import make_llm_tools
+from .program_calls import ProgramCalls
 from .results import BlockRecord, RunInterrupted, RunResult, RunStats, TurnRecord
 from .speculation import LAUNCH_WINDOW, NoSpeculation, Speculator
-from .tool_calls import call_digests, traced_call
 from .trace import Event, Trace
+from .turn import Block, Turn
 
 log = logging.getLogger(__name__)
 _TEXT_FINAL_VAR = re.compile(r"FINAL_VAR\(\s*['\"]?([A-Za-z_][A-Za-z_0-9]*)['\"]?\s*\)")
@@ -317,11 +317,10 @@ class _Run:
         self.repl: Repl | None = None
         self.answer: Any = None
         self.finished = False
-        self.speculator: NoSpeculation = NoSpeculation()
+        self.calls = ProgramCalls(agent.registry, self.trace, self.stats)
+        """The program's tool calls, and the run's speculator (a `NoSpeculation` when off)."""
         self.interrupted = False
         """Ctrl-C stopped the run (`Agent.run_sync`)."""
-        self._call_ids = 0
-        self._current_block: tuple[int, int] = (0, 0)
         self._repl_ready = anyio.Event()
         self._repl_error: BaseException | None = None
 
@@ -355,34 +354,6 @@ class _Run:
         except Exception as exc:
             raise _Failure(f"{where}, sandbox", exc, self.trace.now()) from exc
 
-    # -- tools -------------------------------------------------------------------------------
-
-    async def call_tool(self, name: str, args: tuple, kwargs: dict, line: int | None = None) -> Any:
-        """The REPL's tool handler for the authoritative run: claim or invoke, trace, count.
-
-        Every call the program makes ends with a ``program_call`` event (digests of its arguments
-        and outcome, in program order, hits and misses alike), so that runs with and without
-        speculation can be compared call by call."""
-        try:
-            value = await self._serve_call(name, args, kwargs, line)
-        except Exception as exc:
-            self.trace.emit("program_call", **call_digests(self.agent.registry, name, args, kwargs,
-                                                           error=exc))
-            raise
-        self.trace.emit("program_call", **call_digests(self.agent.registry, name, args, kwargs,
-                                                       value=value))
-        return value
-
-    async def _serve_call(self, name: str, args: tuple, kwargs: dict, line: int | None) -> Any:
-        turn, block = self._current_block
-        hit, value = await self.speculator.claim(name, args, kwargs, block=block)
-        if hit:
-            return value
-        self._call_ids += 1
-        return await traced_call(self.agent.registry, self.trace, self.stats, name, args, kwargs,
-                                 call_id=self._call_ids, mode="sync", turn=turn, block=block,
-                                 lineno=line)
-
     # -- the loop ----------------------------------------------------------------------------
 
     async def execute(self) -> RunResult:
@@ -394,13 +365,13 @@ class _Run:
         namespace: dict[str, str] | None = None
         try:
             signatures = {t.name: t.signature_line() for t in agent.registry}
-            repl = Repl(self.call_tool, signatures, limits=agent.repl_limits,
+            repl = Repl(self.calls.call, signatures, limits=agent.repl_limits,
                         pool=shared_pool() if agent._pool_lease is not None else None)
             self.repl = repl
             # The sandbox starts while the model streams its first tokens, in a task that holds
             # it open for the run; the first block (and the first shadow) wait for it.
             if agent.speculation:
-                self.speculator = Speculator(repl, agent.registry, agent.speculation_budget,
+                self.calls.speculator = Speculator(repl, agent.registry, agent.speculation_budget,
                                              self.trace, self.stats, ready=self._repl_ready,
                                              window=agent.speculation_window)
             release = anyio.Event()
@@ -408,7 +379,7 @@ class _Run:
             async with anyio.create_task_group() as holder:
                 holder.start_soon(self._hold_repl, repl, context, release)
                 try:
-                    async with self.speculator:
+                    async with self.calls.speculator:
                         status, end, namespace = await self._converse()
                 except Exception as exc:  # raised below, outside the task group
                     stopped = exc
@@ -442,7 +413,7 @@ class _Run:
         """The run is over: let go of the sandbox and the speculator (the speculator has
         released what it held), so that nothing of the run outlives it but its result."""
         self.repl = None
-        self.speculator = NoSpeculation()
+        self.calls.speculator = NoSpeculation()
 
     def interrupted_result(self) -> RunResult:
         """The run so far, after Ctrl-C stopped it (its trace ends with ``run_finished``)."""
@@ -494,20 +465,19 @@ class _Run:
         ]
 
     async def _turn(self, index: int, messages: Sequence[Message]) -> TurnRecord:
-        turn = TurnRecord(index=index, started_s=self.trace.now())
-        self.turns.append(turn)
-        self.trace.emit("turn_started", turn=index)
-        send, receive = anyio.create_memory_object_stream[BlockClosed](math.inf)
-        segmenter = CodeStream()
+        record = TurnRecord(index=index, started_s=self.trace.now())
+        self.turns.append(record)
+        send, receive = anyio.create_memory_object_stream[Block](math.inf)
+        turn = Turn(index, self.calls, on_block=send.send_nowait)
         text: list[str] = []
         stream_error: _Failure | None = None
-        self.speculator.start_turn(index)
+        turn.start()
 
         async def run_blocks() -> None:
             async with receive:
                 async for block in receive:
                     if not self.finished:
-                        await self._run_block(turn, block)
+                        await self._run_block(record, turn, block)
 
         try:
             async with anyio.create_task_group() as tg:
@@ -516,38 +486,35 @@ class _Run:
                     try:
                         async with contextlib.aclosing(self._deltas(index, messages)) as deltas:
                             async for delta in deltas:
-                                self._take(turn, delta, text, segmenter, send)
+                                self._take(record, turn, delta, text)
                                 if self.finished:
-                                    turn.finish_reason = "final"
+                                    record.finish_reason = "final"
                                     break
-                        self._segment(turn, segmenter.finish(), send)
+                        turn.finish()
                     except _Failure as failure:  # the blocks already closed still run
                         stream_error = failure
-            await self.speculator.end_turn()
+            await turn.settle()
         finally:
-            turn.response = "".join(text)
-            turn.finished_s = self.trace.now()
+            record.response = "".join(text)
+            record.finished_s = self.trace.now()
         if self._repl_error is not None:
             raise self._repl_error
         if stream_error is not None:
             raise stream_error
         if not self.finished:
-            await self._final_from_prose(turn, segmenter.prose)
-        turn.observation = prompts.observation(
-            [(b.stdout, b.error) for b in turn.blocks], self.agent.max_observation_chars
+            await self._final_from_prose(record, turn.prose)
+        record.observation = prompts.observation(
+            [(b.stdout, b.error) for b in record.blocks], self.agent.max_observation_chars
         )
-        for block in turn.blocks:
+        for block in record.blocks:
             try:
                 self.agent.engine.remember(block.code)
             except Exception as exc:
                 raise _Failure(f"{self._engine_where(index)}.remember()", exc,
                                self.trace.now()) from exc
-        turn.finished_s = self.trace.now()
-        self.trace.emit(
-            "turn_finished", turn=index, finish_reason=turn.finish_reason,
-            completion_tokens=turn.completion_tokens,
-        )
-        return turn
+        record.finished_s = self.trace.now()
+        turn.finished(record.finish_reason, record.completion_tokens)
+        return record
 
     async def _deltas(self, index: int, messages: Sequence[Message]) -> AsyncIterator[Delta]:
         """The engine's stream for this turn; whatever it raises (or yields that is not a
@@ -566,68 +533,37 @@ class _Run:
         engine = self.agent.engine
         return f"turn {index}, engine {getattr(engine, 'name', type(engine).__name__)!r}"
 
-    def _take(self, turn: TurnRecord, delta: Delta, text: list[str], segmenter: CodeStream,
-              send) -> None:
-        """Record one delta of the response and pass its code on."""
+    @staticmethod
+    def _take(record: TurnRecord, turn: Turn, delta: Delta, text: list[str]) -> None:
+        """Record one delta of the response and pass its text to the turn."""
         if delta.text:
             text.append(delta.text)
-            self.trace.emit("delta", turn=turn.index, chars=len(delta.text), text=delta.text)
-            self._segment(turn, segmenter.feed(delta.text), send)
-            if "\n" in delta.text and segmenter.in_block:
-                self.speculator.open_block_grew(segmenter.open_tail)
+            turn.feed(delta.text)
         if delta.finish_reason is not None:
-            turn.finish_reason = delta.finish_reason
+            record.finish_reason = delta.finish_reason
         if delta.usage is not None:
-            turn.completion_tokens = delta.usage.completion_tokens
+            record.completion_tokens = delta.usage.completion_tokens
 
-    def _segment(self, turn: TurnRecord, events: list, send) -> None:
-        for ev in events:
-            if isinstance(ev, BlockOpened):
-                self.trace.emit("block_opened", turn=turn.index, block=ev.index)
-            elif isinstance(ev, StatementClosed):
-                self.trace.emit(
-                    "statement_closed", turn=turn.index, block=ev.block_index,
-                    stmt=ev.stmt_index, lineno=ev.lineno,
-                )
-                self.speculator.statement_closed(ev.block_index, ev.lineno, ev.end_lineno,
-                                                 ev.source)
-            elif isinstance(ev, BlockClosed):
-                self.trace.emit(
-                    "block_closed", turn=turn.index, block=ev.block_index, chars=len(ev.code),
-                    unterminated=ev.unterminated,
-                )
-                send.send_nowait(ev)
-                self.speculator.block_closed(ev.block_index, ev.code, ev.broken)
-
-    async def _run_block(self, turn: TurnRecord, block: BlockClosed) -> None:
+    async def _run_block(self, record: TurnRecord, turn: Turn, block: Block) -> None:
         await self._repl_ready.wait()
         if self._repl_error is not None:
             self.finished = True  # the run stops: the error is raised after the turn
             return
         assert self.repl is not None
-        record = BlockRecord(code=block.code, started_s=self.trace.now())
-        turn.blocks.append(record)
-        self.trace.emit("exec_started", turn=turn.index, block=block.block_index)
-        self._current_block = (turn.index, block.block_index)
-        self.speculator.block_started(block.block_index)
+        executed = BlockRecord(code=block.code, started_s=self.trace.now())
+        record.blocks.append(executed)
+        where = f"turn {turn.index}, block {block.index}"
         try:
-            result = await self._in_sandbox(f"turn {turn.index}, block {block.block_index}",
-                                            lambda repl: repl.execute(block.code))
+            result = await turn.execute(block, lambda code: self._in_sandbox(
+                where, lambda repl: repl.execute(code)))
         except _Failure as failure:
-            record.error, record.finished_s = str(failure), failure.at
-            self.trace.emit("exec_finished", turn=turn.index, block=block.block_index,
-                            error=record.error, final=False)
+            executed.error, executed.finished_s = str(failure), failure.at
             raise
-        self.speculator.block_executed(block.block_index)
-        record.stdout, record.error = result.stdout, result.error
-        record.finished_s = self.trace.now()
+        executed.stdout, executed.error = result.stdout, result.error
+        executed.finished_s = self.trace.now()
         if result.final is not None:
             self.answer = result.final.value
             self.finished = True
-        self.trace.emit(
-            "exec_finished", turn=turn.index, block=block.block_index, error=result.error,
-            final=result.final is not None,
-        )
 
     async def _final_from_prose(self, turn: TurnRecord, prose: str) -> None:
         """Honour ``FINAL(...)`` / ``FINAL_VAR(name)`` written in the response's prose (the

@@ -3,6 +3,10 @@
 The RLM drives an environment synchronously (``execute_code(code) -> REPLResult``). This one
 keeps an event loop in a thread of its own (an anyio blocking portal) holding agentrt's `Repl`
 (sandboxed worker processes in the OS jail) and, with ``speculation`` on, agentrt's `Speculator`.
+Each root response and each cell run whole is a `Turn` (`agentrt.turn`), the protocol the
+`Agent` loop runs too; this environment only adapts it: the RLM runs fenced ```` ```repl ````
+blocks (`RLM_BLOCKS`), a cell's result goes back as a ``REPLResult``, and the sub-calls a cell
+took are logged in it.
 
 Tool speculation comes in two ways:
 
@@ -26,8 +30,8 @@ import copy
 import json
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -35,14 +39,14 @@ import anyio.from_thread
 from rlm.core.types import REPLResult, RLMChatCompletion
 from rlm.environments.base_env import NonIsolatedEnv, extract_tool_value, validate_custom_tools
 
-from agentrt.interpreter.repl import Repl, ReplError, ReplLimits, VariableSummary
-from agentrt.interpreter.segmenter import BlockClosed, BlockOpened, CodeStream, StatementClosed
+from agentrt.interpreter.repl import CellResult, Repl, ReplError, ReplLimits, VariableSummary
 from agentrt.ledger import SpeculationBudget
+from agentrt.program_calls import ProgramCalls
 from agentrt.results import RunStats
 from agentrt.speculation import NoSpeculation, Speculator
-from agentrt.tool_calls import traced_call
 from agentrt.tools import ToolRegistry
 from agentrt.trace import Trace
+from agentrt.turn import Block, BlockSelection, CellFailed, Turn
 
 from .rlm_namespace import ANSWER_TYPE_NAME
 from .rlm_tools import NAMES as SUB_CALLS
@@ -50,24 +54,38 @@ from .rlm_tools import SubCalls, custom_tool, plain_value
 
 NAMESPACE_HOOK = "agentrt.integrations.rlm_namespace:install"
 _LOOP_THREAD = "agentrt-rlm-loop"
+RLM_BLOCKS = BlockSelection(languages=frozenset({"repl"}), unterminated=False)
+"""The blocks the RLM runs: fenced ```repl blocks (speculation also sees one the response
+ended inside)."""
 _SIMPLE_TYPES = {"str": str, "int": int, "float": float, "bool": bool, "list": list,
                  "dict": dict, "tuple": tuple, ANSWER_TYPE_NAME: dict}
 
 
 @dataclass
 class _StreamedTurn:
-    """The ```repl blocks of one streamed root response, as the segmenter saw them."""
+    """The current turn, and the ```repl blocks of its response that the RLM may run."""
 
-    index: int
-    segmenter: CodeStream
-    numbers: dict[int, int]
-    """Segmenter block index -> block number among the response's ```repl blocks."""
-    closed: list[str]
+    turn: Turn
+    closed: list[str] = field(default_factory=list)
     """Code of each closed (fenced) ```repl block, in order."""
     executed: int = 0
     streaming: bool = True
-    in_repl_block: bool = False
-    """The segmenter is inside a ```repl block."""
+
+
+@dataclass
+class _Cell:
+    """One cell's result and the namespace after it."""
+
+    result: CellResult
+    summary: dict[str, VariableSummary]
+
+    @property
+    def error(self) -> str | None:
+        return self.result.error
+
+    @property
+    def final(self) -> Any:
+        return self.result.final
 
 
 class AgentrtREPL(NonIsolatedEnv):
@@ -131,12 +149,11 @@ class AgentrtREPL(NonIsolatedEnv):
         self._compaction_history: list[Any] = []
         self._subcalls = SubCalls(self, self.trace.now)
         self._cell_calls: list[RLMChatCompletion] = []
-        self._call_ids = 0
+        self._calls = ProgramCalls(self._registry, self.trace, self.stats, self._take)
+        """The cells' tool calls, and the speculator (a `NoSpeculation` when off)."""
         self._turn = -1
         self._streamed: _StreamedTurn | None = None
-        self._current: tuple[int, int] = (0, 0)
         self._repl: Repl | None = None
-        self._speculator: NoSpeculation = NoSpeculation()
         self._ready: anyio.Event
         self._stop: anyio.Event
         self._start_error: Exception | None = None
@@ -265,10 +282,10 @@ class AgentrtREPL(NonIsolatedEnv):
         `cleanup`. A start failure is kept for the first cell to raise."""
         signatures = {t.name: t.signature_line() for t in self._registry}
         async with contextlib.AsyncExitStack() as stack:
-            repl = Repl(self._call_tool, signatures, limits=self._limits)
+            repl = Repl(self._calls.call, signatures, limits=self._limits)
             stack.push_async_callback(repl.aclose)
             if self.speculation:  # shadows wait for `_ready`
-                self._speculator = await stack.enter_async_context(Speculator(
+                self._calls.speculator = await stack.enter_async_context(Speculator(
                     repl, self._registry, self._budget, self.trace, self.stats,
                     ready=self._ready))
             try:
@@ -278,7 +295,7 @@ class AgentrtREPL(NonIsolatedEnv):
                     name = next(iter(self._pending_variables))
                     await repl.set_variable(name, self._pending_variables.pop(name))
             except Exception as exc:
-                self._start_error, self._speculator = exc, NoSpeculation()
+                self._start_error, self._calls.speculator = exc, NoSpeculation()
                 self._ready.set()
                 return
             self._repl = repl
@@ -319,133 +336,86 @@ class AgentrtREPL(NonIsolatedEnv):
         else:  # bound by `_hold` once the sandbox has started
             self._pending_variables[name] = value
 
-    async def _begin_turn(self) -> int:
+    async def _begin_turn(self, streaming: bool) -> _StreamedTurn:
         await self._end_turn()
         self._turn += 1
-        self.trace.emit("turn_started", turn=self._turn)
-        self._speculator.start_turn(self._turn)
-        return self._turn
+        closed: list[str] = []
+        turn = Turn(self._turn, self._calls, lambda block: closed.append(block.code), RLM_BLOCKS)
+        self._streamed = streamed = _StreamedTurn(turn, closed, streaming=streaming)
+        turn.start()
+        return streamed
 
     async def _end_turn(self) -> None:
-        if self._turn < 0:
+        streamed, self._streamed = self._streamed, None
+        if streamed is None:
             return
-        self._streamed = None
-        await self._speculator.end_turn()
+        await streamed.turn.settle()
         self._subcalls.forget()  # results of early calls nobody claimed
-        self.trace.emit("turn_finished", turn=self._turn)
+        streamed.turn.finished()
 
     async def _begin_stream(self) -> None:
-        turn = await self._begin_turn()
-        self._streamed = _StreamedTurn(turn, CodeStream(), {}, [])
+        await self._begin_turn(streaming=True)
 
     def _feed(self, delta: str) -> None:
         streamed = self._streamed
-        if streamed is None or not streamed.streaming or not delta:
-            return
-        self.trace.emit("delta", turn=streamed.index, chars=len(delta), text=delta)
-        self._forward(streamed, streamed.segmenter.feed(delta))
-        if "\n" in delta and streamed.in_repl_block:
-            self._speculator.open_block_grew(streamed.segmenter.open_tail)
+        if streamed is not None and streamed.streaming:
+            streamed.turn.feed(delta)
 
     def _end_stream(self) -> None:
         streamed = self._streamed
         if streamed is not None and streamed.streaming:
             streamed.streaming = False
-            self._forward(streamed, streamed.segmenter.finish())
+            streamed.turn.finish()
 
-    def _forward(self, streamed: _StreamedTurn, events: Sequence[Any]) -> None:
-        """Pass the segmenter's events about ```repl blocks (the ones the RLM runs) on."""
-        speculator = self._speculator
-        for ev in events:
-            if isinstance(ev, BlockOpened):
-                streamed.in_repl_block = ev.lang == "repl"
-                if streamed.in_repl_block:
-                    streamed.numbers[ev.index] = len(streamed.numbers)
-                    self.trace.emit("block_opened", turn=streamed.index,
-                                    block=streamed.numbers[ev.index])
-                continue
-            block = streamed.numbers.get(ev.block_index)
-            if block is None:
-                continue
-            if isinstance(ev, StatementClosed):
-                self.trace.emit("statement_closed", turn=streamed.index, block=block,
-                                stmt=ev.stmt_index, lineno=ev.lineno)
-                speculator.statement_closed(block, ev.lineno, ev.end_lineno, ev.source)
-            elif isinstance(ev, BlockClosed):
-                streamed.in_repl_block = False
-                self.trace.emit("block_closed", turn=streamed.index, block=block,
-                                chars=len(ev.code), unterminated=ev.unterminated)
-                if not ev.unterminated:  # the RLM runs fenced blocks only
-                    streamed.closed.append(ev.code)
-                speculator.block_closed(block, ev.code, ev.broken)
-
-    async def _block_for(self, code: str) -> int:
-        """The block number of ``code`` in the current turn: the next streamed block when it is
-        that code, else a new turn whose only block is ``code`` (given to the shadow whole)."""
+    async def _block_for(self, code: str) -> tuple[Turn, Block]:
+        """The block of ``code``: the next streamed block when it is that code, else the only
+        block of a new turn (given to the shadow whole)."""
         streamed = self._streamed
         if streamed is not None and not streamed.streaming \
                 and streamed.executed < len(streamed.closed) \
                 and streamed.closed[streamed.executed].strip() == code.strip():
             streamed.executed += 1
-            return streamed.executed - 1
-        turn = await self._begin_turn()
+            return streamed.turn, Block(streamed.executed - 1, code)
+        streamed = await self._begin_turn(streaming=False)
         if self.speculation:
-            whole = _StreamedTurn(turn, CodeStream(), {}, [], streaming=False)
-            self._forward(whole, whole.segmenter.feed(f"```repl\n{code}\n```\n"))
-            self._forward(whole, whole.segmenter.finish())
-            whole.executed = 1
-            self._streamed = whole
-        return 0
+            streamed.turn.feed(f"```repl\n{code}\n```\n", delta=False)
+            streamed.turn.finish()
+        streamed.executed = 1
+        return streamed.turn, Block(0, code)
 
     async def _execute(self, code: str) -> REPLResult:
         started = time.perf_counter()
         repl = await self._started()
-        block = await self._block_for(code)
-        self._current = (self._turn, block)
+        turn, block = await self._block_for(code)
         self._cell_calls = []
-        self.trace.emit("exec_started", turn=self._turn, block=block)
-        self._speculator.block_started(block)
+
+        async def run(code: str) -> _Cell:
+            try:
+                result = await repl.execute(code)
+                if self.compaction and result.error is None:  # rlms rebinds it after every cell
+                    await repl.set_variable("history", self._compaction_history)
+                return _Cell(result, await repl.namespace_summary())
+            except ReplError as exc:
+                raise CellFailed(f"ReplError: {exc}") from exc
+
         try:
-            result = await repl.execute(code)
-            if self.compaction and result.error is None:  # rlms rebinds it after every cell
-                await repl.set_variable("history", self._compaction_history)
-            summary = await repl.namespace_summary()
-        except ReplError as exc:
-            self.trace.emit("exec_finished", turn=self._turn, block=block,
-                            error=f"ReplError: {exc}", final=False)
-            return REPLResult("", f"\nReplError: {exc}", {}, time.perf_counter() - started)
-        finally:
-            self._speculator.block_executed(block)
-        self.trace.emit("exec_finished", turn=self._turn, block=block, error=result.error,
-                        final=result.final is not None)
+            cell = await turn.execute(block, run)
+        except CellFailed as failed:
+            return REPLResult("", f"\n{failed}", {}, time.perf_counter() - started)
+        result = cell.result
         final = None if result.final is None else str(result.final.value)
         return REPLResult(
             stdout=result.stdout,
             stderr="" if result.error is None else f"\n{result.error}",
-            locals={name: _preview(v) for name, v in summary.items()},
+            locals={name: _preview(v) for name, v in cell.summary.items()},
             execution_time=time.perf_counter() - started,
             rlm_calls=list(self._cell_calls),
             final_answer=final,
         )
 
-    async def _call_tool(self, name: str, args: tuple, kwargs: dict,
-                         line: int | None = None) -> Any:
-        """The sandbox's tool calls: claim an early call or invoke the tool; trace and count."""
-        turn, block = self._current
-        claimed_s = self.trace.now()
-        hit, value = await self._speculator.claim(name, args, kwargs, block=block)
-        if hit:
-            self._take(name, args, kwargs, value, claimed_s)
-            return value
-        self._call_ids += 1
-        value = await traced_call(self._registry, self.trace, self.stats, name, args, kwargs,
-                                  call_id=self._call_ids, mode="sync", turn=turn, block=block,
-                                  lineno=line)
-        self._take(name, args, kwargs, value, None)
-        return value
-
     def _take(self, name: str, args: tuple, kwargs: dict, value: Any,
               claimed_s: float | None) -> None:
+        """A cell's call returned ``value``: its sub-call completions join the cell's log."""
         if name in SUB_CALLS:
             self._cell_calls += self._subcalls.take(name, args, kwargs, value, claimed_s)
 
