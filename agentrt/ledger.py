@@ -8,7 +8,8 @@ stale is cancelled (`cancel_unclaimed` with the tools that read what the effect 
 every live call may serve. The ledger owns every
 budget on early calls (`SpeculationBudget`) and every question asked about them: which calls a
 new shadow may adopt, which to cancel, which to settle once their block has executed. What a
-settled call counts as (wasted or retracted) is the speculator's decision.
+settled call counts as (wasted or retracted) is decided by `agentrt.claims`. A key built from
+large arguments is kept as a digest (`compact_key`).
 
 Arguments are measured with `plain_size` (shared references counted each time), not
 serialised; a call whose arguments pass ``max_arg_bytes_per_launch``, or would take the run's
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import hashlib
 from collections import Counter
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
@@ -32,6 +34,18 @@ from anyio.abc import TaskGroup
 
 from agentrt.interpreter.arg_limits import MAX_ARG_BYTES, MAX_ARG_DEPTH
 from agentrt.interpreter.protocol import PlainDataTooLarge, plain_size
+
+
+MAX_KEY_CHARS = 256
+"""Call keys longer than this (large arguments) are kept as a digest (`compact_key`)."""
+
+
+def compact_key(key: str) -> str:
+    """``key`` when it is short, else ``"sha256:"`` and its digest: a call with large arguments
+    does not keep a copy of them in its key."""
+    if len(key) <= MAX_KEY_CHARS:
+        return key
+    return "sha256:" + hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrt import Agent, ReplayEngine, RunResult
-from agentrt.speculation import Speculator
+from agentrt.spare_fork import SpareFork
 
 from .overlap import generation_spans, overlap_limit
 from .patterns import Pattern, patterns, tool_list
@@ -155,12 +155,12 @@ def launch_summary(rows: list[dict]) -> str:
 @contextlib.contextmanager
 def _without_spare_fork():
     """Speculative runs in this context fork each shadow when it is needed (the old path)."""
-    take = Speculator._take_spare
-    Speculator._take_spare = lambda self: None
+    take = SpareFork.take
+    SpareFork.take = lambda self: None
     try:
         yield
     finally:
-        Speculator._take_spare = take
+        SpareFork.take = take
 
 
 def launch_ab(chosen: list[Pattern], tps: float, latency: float) -> str:
