@@ -29,6 +29,7 @@ from agentrt.interpreter.protocol import to_plain
 from agentrt.tools import DEFAULT_TOOL_TIMEOUT_S, Tool, ToolRegistry
 
 from . import prompts
+from .events import RunError, RunFinished, RunStarted
 from .ledger import SpeculationBudget
 from .llm_tools import make_llm_tools
 from .program_calls import ProgramCalls
@@ -359,7 +360,7 @@ class _Run:
     async def execute(self) -> RunResult:
         agent = self.agent
         context = to_plain(self.context)  # not plain data: a TypeError now, as before
-        self.trace.emit("run_started", task=self.task)
+        self.trace.emit(RunStarted(self.task))
         status, error, failure = "max_turns", None, None
         end: float | None = None
         namespace: dict[str, str] | None = None
@@ -395,14 +396,14 @@ class _Run:
             end = failure.at if isinstance(failure, _Failure) else self.trace.now()
             status, error = "error", str(failure) if isinstance(failure, _Failure) \
                 else f"{type(failure).__name__}: {failure}"
-            self.trace.emit("run_error", error=error)
+            self.trace.emit(RunError(error))
         except BaseException:
             self._emit_stopped()
             raise
         finally:
             self._drop_run_state()
         wall = self.trace.now() if end is None else end
-        self.trace.emit("run_finished", status=status, answer=repr(self.answer)[:200])
+        self.trace.emit(RunFinished(status, repr(self.answer)[:200]))
         return RunResult(
             answer=self.answer, status=status, turns=self.turns, stats=self.stats,
             wall_s=wall, trace=self.trace, error=error, namespace=namespace,
@@ -427,9 +428,9 @@ class _Run:
     def _emit_stopped(self) -> None:
         """End the trace of a run that Ctrl-C interrupted or its caller cancelled."""
         if self.interrupted:
-            self.trace.emit("run_error", error=_INTERRUPTED)
-        self.trace.emit("run_finished", status="interrupted" if self.interrupted else "cancelled",
-                        answer=repr(self.answer)[:200])
+            self.trace.emit(RunError(_INTERRUPTED))
+        self.trace.emit(RunFinished("interrupted" if self.interrupted else "cancelled",
+                                    repr(self.answer)[:200]))
 
     async def _converse(self) -> tuple[str, float | None, dict[str, str] | None]:
         """The turns of the run: (status, end time, namespace summary)."""

@@ -15,6 +15,7 @@ from typing import Any
 
 from agentrt.tools import Tool
 
+from .events import SpecCancel, SpecClaim
 from .ledger import Ledger, argument_bytes, compact_key
 from .results import RunStats
 from .trace import Trace
@@ -48,7 +49,7 @@ class Claims:
         if not tool.speculate:
             return False, None
         if self.ledger.arguments_refused(argument_bytes(args, kwargs)) == "launch":
-            self.trace.emit("spec_claim", seq=seq, tool=tool.name, early_id=None)
+            self.trace.emit(SpecClaim(seq, tool.name, None))
             self.stats.misses += 1  # no early call has arguments this large
             return False, None
         try:
@@ -58,8 +59,7 @@ class Claims:
         if block is not None:
             self._asked.setdefault((turn, block), Counter())[key] += 1
         call = self.ledger.claim(key, turn=turn)
-        self.trace.emit("spec_claim", seq=seq, tool=tool.name,
-                        early_id=call.id if call is not None else None)
+        self.trace.emit(SpecClaim(seq, tool.name, call.id if call is not None else None))
         if call is None:
             self.stats.misses += 1
             return False, None
@@ -80,7 +80,7 @@ class Claims:
                 self.stats.wasted += 1
             else:
                 self.stats.retracted += 1
-            self.trace.emit("spec_cancel", early_id=call.id, reason=reason)
+            self.trace.emit(SpecCancel(call.id, reason))
 
     def release(self) -> None:
         """Drop the keys the program called (the run is over)."""

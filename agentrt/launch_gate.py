@@ -28,6 +28,7 @@ from agentrt.tools import ToolRegistry
 
 from .claims import Claims
 from .effect_epochs import EffectEpochs
+from .events import SpecLaunch, SpecTooLarge
 from .ledger import EarlyCall, Ledger, Origin, argument_bytes, compact_key
 from .results import RunStats
 from .shadow_code import ShadowProgram
@@ -165,9 +166,8 @@ class LaunchGate:
         if call is None:
             return None  # a budget is spent
         self.stats.launched += 1
-        self.trace.emit("spec_launch", early_id=call.id, tool=name, turn=run.turn, block=block,
-                        lineno=line, deps=sorted({d.id for d in deps}), code_s=run.code_s,
-                        posted_s=run.posted_s)
+        self.trace.emit(SpecLaunch(call.id, name, run.turn, block, line,
+                                   sorted({d.id for d in deps}), run.code_s, run.posted_s))
         return call
 
     def _note_too_large(self, turn: int, name: str, block: int, line: int | None,
@@ -180,8 +180,7 @@ class LaunchGate:
         budget = self.ledger.budget
         limit = budget.max_arg_bytes_per_launch if cap == "launch" \
             else budget.max_arg_bytes_per_run
-        self.trace.emit("spec_too_large", tool=name, turn=turn, block=block, lineno=line,
-                        arg_bytes=arg_bytes, limit=limit, cap=cap)
+        self.trace.emit(SpecTooLarge(name, turn, block, line, arg_bytes, limit, cap))
 
     def _window_allows(self, run: ShadowLaunches, origin: Origin, lineno: int | None, key: str,
                        deps: list[EarlyCall]) -> bool:

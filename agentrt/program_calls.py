@@ -45,11 +45,9 @@ class ProgramCalls:
         try:
             value = await self._serve(name, args, kwargs, line)
         except Exception as exc:
-            self.trace.emit("program_call", **call_digests(self.registry, name, args, kwargs,
-                                                           error=exc))
+            self.trace.emit(call_digests(self.registry, name, args, kwargs, error=exc))
             raise
-        self.trace.emit("program_call", **call_digests(self.registry, name, args, kwargs,
-                                                       value=value))
+        self.trace.emit(call_digests(self.registry, name, args, kwargs, value=value))
         return value
 
     async def _serve(self, name: str, args: tuple, kwargs: dict, line: int | None) -> Any:

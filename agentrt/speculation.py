@@ -28,17 +28,8 @@ Rules that keep the promise "same answers and effects, sooner":
   a closed statement is followed exactly.
 
 Counting (`agentrt.claims`) is decided once a block has executed (or the turn ended), from what
-the program did. Trace events: ``spec_peek`` [turn, lines, spare: whether the
-shadow was the spare fork], ``spec_launch``
-[early_id, tool, turn, block, lineno, deps, code_s: when the code that made the call was
-complete, posted_s: when its shadow got that code], ``spec_claim`` [seq, tool, early_id or None],
-``spec_cancel`` [early_id, reason: wasted | retracted], ``spec_effect`` [turn, epoch],
-``spec_refused`` [tool], ``spec_too_large`` [tool, turn, block, lineno, arg_bytes, limit, cap:
-launch | run] (a launch whose arguments pass the budget's ``max_arg_bytes_per_launch``, or would
-take the run's total past ``max_arg_bytes_per_run``: that call runs when its statement executes;
-once per call site and cap), ``spec_shadow_error`` [error] (a shadow message that could not be
-handled, or too many of them: that shadow is killed), and ``tool_started`` / ``tool_finished``
-with ``mode="early"``.
+the program did. Speculation's trace events (``spec_*``, and ``tool_started`` / ``tool_finished``
+with ``mode="early"``) are typed in `agentrt.events`.
 
 Memory: keys of calls with long arguments are kept as digests, a call's arguments are dropped
 once its tool has run, its result once its block has executed, and everything speculation held
@@ -75,6 +66,7 @@ from agentrt.tools.scopes import ALL_SCOPES
 
 from .claims import Claims
 from .effect_epochs import EffectEpochs
+from .events import SpecEffect, SpecPeek, SpecRefused, SpecShadowError
 from .launch_gate import LAUNCH_WINDOW, LaunchGate, ShadowLaunches
 from .ledger import EarlyCall, Ledger, Origin, SpeculationBudget, compact_key
 from .results import RunStats
@@ -279,7 +271,7 @@ class Speculator(NoSpeculation):
         writes may serve after it."""
         stale = self.epochs.advance(tool)
         self.spare.want()
-        self.trace.emit("spec_effect", turn=self._turn, epoch=self.epochs.current)
+        self.trace.emit(SpecEffect(self._turn, self.epochs.current))
         self.ledger.cancel_unclaimed(tools=stale)
 
     async def _invoke_early(self, call: EarlyCall) -> Any:
@@ -331,7 +323,7 @@ class Speculator(NoSpeculation):
         self.spare.shadow_started()
         run = ShadowLaunches.of(program, self._shadows, self._turn, epoch, code_s)
         self._shadow = _Shadow(handle, run)
-        self.trace.emit("spec_peek", turn=self._turn, lines=program.lines, spare=spare is not None)
+        self.trace.emit(SpecPeek(self._turn, program.lines, spare is not None))
         run.posted_s = self.trace.now()
         await handle.post(Shadow(program.statements, tuple(sorted(self.gate.speculatable)),
                                  SHADOW_CPU_S, *self._scopes))
@@ -353,14 +345,14 @@ class Speculator(NoSpeculation):
                 except Exception as exc:
                     logger.warning("shadow message %r failed (%s: %s): the shadow is killed",
                                    message.op, type(exc).__name__, exc)
-                    self.trace.emit("spec_shadow_error", error=f"{type(exc).__name__}: {exc}")
+                    self.trace.emit(SpecShadowError(f"{type(exc).__name__}: {exc}"))
                     if self._shadow is not None and self._shadow.handle.token == token:
                         self._tg.start_soon(self._kill_shadow)
 
     def _on_message(self, token: str, message: ShadowMessage) -> None:
         if isinstance(message, RefusedCall):
             self.stats.shadow_tool_calls_refused += 1
-            self.trace.emit("spec_refused", tool=message.name)
+            self.trace.emit(SpecRefused(message.name))
             return
         shadow = self._shadow
         if shadow is None or shadow.handle.token != token:

@@ -26,6 +26,16 @@ from agentrt.interpreter.segmenter import (
     StatementClosed,
 )
 
+from .events import (
+    BlockClosedEvent,
+    BlockOpenedEvent,
+    DeltaEvent,
+    ExecFinished,
+    ExecStarted,
+    StatementClosedEvent,
+    TurnFinished,
+    TurnStarted,
+)
 from .program_calls import ProgramCalls
 
 
@@ -87,7 +97,7 @@ class Turn:
         return self._segmenter.prose
 
     def start(self) -> None:
-        self.trace.emit("turn_started", turn=self.index)
+        self.trace.emit(TurnStarted(self.index))
         self.calls.speculator.start_turn(self.index)
 
     def feed(self, text: str, *, delta: bool = True) -> None:
@@ -96,7 +106,7 @@ class Turn:
         if not text:
             return
         if delta:
-            self.trace.emit("delta", turn=self.index, chars=len(text), text=text)
+            self.trace.emit(DeltaEvent(self.index, len(text), text))
         self._forward(self._segmenter.feed(text))
         if "\n" in text and self._in_selected:
             self.calls.speculator.open_block_grew(self._segmenter.open_tail)
@@ -113,20 +123,18 @@ class Turn:
                 self._in_selected = langs is None or ev.lang in langs
                 if self._in_selected:
                     self._numbers[ev.index] = len(self._numbers)
-                    self.trace.emit("block_opened", turn=self.index,
-                                    block=self._numbers[ev.index])
+                    self.trace.emit(BlockOpenedEvent(self.index, self._numbers[ev.index]))
                 continue
             block = self._numbers.get(ev.block_index)
             if block is None:
                 continue
             if isinstance(ev, StatementClosed):
-                self.trace.emit("statement_closed", turn=self.index, block=block,
-                                stmt=ev.stmt_index, lineno=ev.lineno)
+                self.trace.emit(StatementClosedEvent(self.index, block, ev.stmt_index, ev.lineno))
                 speculator.statement_closed(block, ev.lineno, ev.end_lineno, ev.source)
             elif isinstance(ev, BlockClosed):
                 self._in_selected = False
-                self.trace.emit("block_closed", turn=self.index, block=block,
-                                chars=len(ev.code), unterminated=ev.unterminated)
+                self.trace.emit(BlockClosedEvent(self.index, block, len(ev.code),
+                                                 ev.unterminated))
                 if self._selection.unterminated or not ev.unterminated:
                     self._on_block(Block(block, ev.code))
                 speculator.block_closed(block, ev.code, ev.broken)
@@ -136,7 +144,7 @@ class Turn:
         as this block's. A `CellFailed` from ``run`` is the block's error (speculation counts
         the block as executed); any other exception is the loop's failure. Both are traced in
         ``exec_finished`` and raised on."""
-        self.trace.emit("exec_started", turn=self.index, block=block.index)
+        self.trace.emit(ExecStarted(self.index, block.index))
         self.calls.block = (self.index, block.index)
         self.calls.speculator.block_started(block.index)
         try:
@@ -144,12 +152,11 @@ class Turn:
         except Exception as exc:
             if isinstance(exc, CellFailed):
                 self.calls.speculator.block_executed(block.index)
-            self.trace.emit("exec_finished", turn=self.index, block=block.index,
-                            error=str(exc), final=False)
+            self.trace.emit(ExecFinished(self.index, block.index, str(exc), False))
             raise
         self.calls.speculator.block_executed(block.index)
-        self.trace.emit("exec_finished", turn=self.index, block=block.index, error=result.error,
-                        final=result.final is not None)
+        self.trace.emit(ExecFinished(self.index, block.index, result.error,
+                                     result.final is not None))
         return result
 
     async def settle(self) -> None:
@@ -158,5 +165,4 @@ class Turn:
         await self.calls.speculator.end_turn()
 
     def finished(self, finish_reason: str | None = None, completion_tokens: int = 0) -> None:
-        self.trace.emit("turn_finished", turn=self.index, finish_reason=finish_reason,
-                        completion_tokens=completion_tokens)
+        self.trace.emit(TurnFinished(self.index, finish_reason, completion_tokens))

@@ -36,8 +36,9 @@ from typing import Any
 
 from agentrt import Agent, ReplayEngine, RunResult
 from agentrt.spare_fork import SpareFork
+from agentrt.trace_export import timeline
 
-from .overlap import generation_spans, overlap_limit
+from .overlap import overlap_limit
 from .patterns import Pattern, patterns, tool_list
 from .peer import PEER, PeerDriver, PeerUnavailable, job, peer_python
 
@@ -218,24 +219,15 @@ def plot_timeline(name: str, traces, path: Path) -> None:
     plt.close(fig)
 
 
+_COLORS = {"generation": "tab:gray", "sync call": "tab:blue", "early call": "tab:orange",
+           "execution": "tab:green"}
+_PREFIXES = {"generation": "generate ", "execution": "exec "}
+
+
 def _spans(trace) -> list[tuple[str, float, float, str]]:
-    rows: list[tuple[str, float, float, str]] = []
-    for turn, (start, end) in generation_spans(trace).items():
-        rows.append((f"generate t{turn}", start, end, "tab:gray"))
-    started: dict[tuple, float] = {}
-    for e in trace.events:
-        key = (e.data.get("mode"), e.data.get("call_id"))
-        if e.kind == "tool_started":
-            started[key] = e.t
-        elif e.kind == "tool_finished" and key in started:
-            color = "tab:orange" if e.data.get("mode") == "early" else "tab:blue"
-            rows.append((f"{e.data['tool']}", started.pop(key), e.t, color))
-        elif e.kind == "exec_started":
-            started[("exec", e.data["turn"], e.data["block"])] = e.t
-        elif e.kind == "exec_finished":
-            t0 = started.pop(("exec", e.data["turn"], e.data["block"]), e.t)
-            rows.append((f"exec t{e.data['turn']}b{e.data['block']}", t0, e.t, "tab:green"))
-    return rows
+    """The run's timeline (`agentrt.trace_export.timeline`) as labelled, coloured bars."""
+    return [(_PREFIXES.get(s.lane, "") + s.label, s.start, s.end, _COLORS[s.lane])
+            for s in timeline(trace)]
 
 
 def _geomean(values: list[float]) -> float:

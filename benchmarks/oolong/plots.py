@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrt.trace import Trace
+from agentrt.trace_export import timeline
 
 
 def as_trace(record: dict[str, Any]) -> Trace:
@@ -14,31 +15,15 @@ def as_trace(record: dict[str, Any]) -> Trace:
     return Trace.from_dict(record["trace"])
 
 
+_COLORS = {"generation": "tab:gray", "sync call": "tab:blue", "early call": "tab:orange",
+           "execution": "tab:green"}
+_PREFIXES = {"generation": "root tokens ", "execution": "block "}
+
+
 def _spans(record: dict) -> list[tuple[str, float, float, str]]:
-    events = record["trace"]["events"]
-    spans: list[tuple[str, float, float, str]] = []
-    start, last = {}, {}
-    for e in events:
-        if e["kind"] == "turn_started":
-            start[e["data"]["turn"]] = e["t"]
-        elif e["kind"] == "delta":
-            last[e["data"]["turn"]] = e["t"]
-    for turn, t0 in start.items():
-        spans.append((f"root tokens t{turn}", t0, last.get(turn, t0), "tab:gray"))
-    open_: dict[tuple, float] = {}
-    for e in events:
-        d = e["data"]
-        if e["kind"] == "tool_started":
-            open_[(d.get("mode"), d.get("call_id"))] = e["t"]
-        elif e["kind"] == "tool_finished" and (d.get("mode"), d.get("call_id")) in open_:
-            color = "tab:orange" if d.get("mode") == "early" else "tab:blue"
-            spans.append((d["tool"], open_.pop((d.get("mode"), d.get("call_id"))), e["t"], color))
-        elif e["kind"] == "exec_started":
-            open_[("exec", d["turn"], d["block"])] = e["t"]
-        elif e["kind"] == "exec_finished":
-            t0 = open_.pop(("exec", d["turn"], d["block"]), e["t"])
-            spans.append((f"block t{d['turn']}b{d['block']}", t0, e["t"], "tab:green"))
-    return spans
+    """A record's timeline (`agentrt.trace_export.timeline`) as labelled, coloured bars."""
+    return [(_PREFIXES.get(s.lane, "") + s.label, s.start, s.end, _COLORS[s.lane])
+            for s in timeline(as_trace(record))]
 
 
 def plot_timeline(out: Path, setting, tasks, modes, records) -> None:

@@ -1,4 +1,5 @@
-"""The Chrome trace-event export of a real run: the format's required fields, units, lanes."""
+"""The exports of a real run's trace: Chrome trace-event JSON (the format's required fields,
+units, lanes) and the timeline."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import anyio
 from agentrt import Agent, ReplayEngine, tool
 from agentrt.cli import main as cli_main
 from agentrt.trace import Trace, chrome_trace, save_chrome_trace
+from agentrt.trace_export import timeline
 
 PROGRAM = '''Let me look.
 ```repl
@@ -126,3 +128,16 @@ def test_cli_trace_out(tmp_path, capsys):
     assert code == 0 and "answer: 42" in capsys.readouterr().out
     events = json.loads(out.read_text())["traceEvents"]
     assert any(e["ph"] == "X" and e["name"] == "turn 1 block 1" for e in events)
+
+
+def test_the_timeline_reads_the_runs_spans():
+    result = make_run()
+    spans = timeline(result.trace)
+    assert (spans[0].lane, spans[0].label) == ("generation", "t0")  # one span per turn, first
+    assert [s for s in spans if s.lane == "generation"] == spans[:1]
+    executed = [s.label for s in spans if s.lane == "execution"]
+    assert executed == ["t0b0", "t0b1"]
+    calls = [(s.lane, s.label) for s in spans if s.lane.endswith("call")]
+    assert len(calls) == len(result.trace.of("tool_finished"))
+    assert ("sync call", "save") in calls and ("early call", "size") in calls
+    assert all(s.start <= s.end for s in spans)
