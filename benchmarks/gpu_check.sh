@@ -36,7 +36,9 @@ except ImportError:
 EOF
 
 # the package must be importable as agentrt.*: install it in place if it is not
+# (offline machines: without build isolation, with the setuptools already installed)
 $PY -c "import agentrt.engine" 2>/dev/null || $PY -m pip install -q -e . --no-deps >/dev/null 2>&1 \
+    || $PY -m pip install -q -e . --no-deps --no-build-isolation >/dev/null 2>&1 \
     || echo "warning: could not install the package; imports may fail"
 
 echo "== kernel tests (compiled Triton)"
