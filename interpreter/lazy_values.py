@@ -494,6 +494,20 @@ def _guarded_attribute(value: Any, name: str) -> Any:
     return safer_getattr_raise(value, name)
 
 
+def _attribute_reader(lazy: Lazy) -> Callable[[Any, str], Any]:
+    """How ``lazy``'s table reads an attribute of a value (RestrictedPython's guard without
+    a table)."""
+    table = _node_of(lazy).table
+    return table.getattr if table is not None else _guarded_attribute
+
+
+def _writable(lazy: Lazy) -> Any:
+    """The value of ``lazy`` (forced), if its table's write guard allows writing into it."""
+    table = _node_of(lazy).table
+    value = _forced(lazy)
+    return table.write(value) if table is not None else value
+
+
 class Lazy:
     """A placeholder for a value that is not known yet (see the module docstring).
 
@@ -575,26 +589,27 @@ class Lazy:
 
     # -- mutation: forced, applied to the real value in program order ------------------------
     def __setitem__(self, key: Any, value: Any) -> None:
-        _forced(self)[force(key)] = value
+        _writable(self)[force(key)] = value
 
     def __delitem__(self, key: Any) -> None:
-        del _forced(self)[force(key)]
+        del _writable(self)[force(key)]
 
     def __setattr__(self, name: str, value: Any) -> None:
         _check_public(name)
-        setattr(_forced(self), name, value)
+        setattr(_writable(self), name, value)
 
     def __delattr__(self, name: str) -> None:
         _check_public(name)
-        delattr(_forced(self), name)
+        delattr(_writable(self), name)
 
     # -- deferred: a new Lazy standing for the result ----------------------------------------
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
             raise AttributeError(name)
+        read = _attribute_reader(self)
         if name in MUTATING_METHOD_NAMES:
-            return _guarded_attribute(_forced(self), name)
-        return _defer(_guarded_attribute, (self, name), name=f".{name}")
+            return read(_forced(self), name)
+        return _defer(read, (self, name), name=f".{name}")
 
     def __getitem__(self, key: Any) -> Lazy:
         return _defer(operator.getitem, (self, key), name="[]")
@@ -685,6 +700,10 @@ class LazyTable:
         self.admit: Callable[[Any], Any] = _identity
         """What every deferred value passes once computed (the sandbox's admission: what a
         deferred operation yields is what the same operation would give the cell)."""
+        self.getattr: Callable[[Any, str], Any] = _guarded_attribute
+        """How a lazy value's attribute is read once its value is known (the sandbox's guard)."""
+        self.write: Callable[[Any], Any] = _identity
+        """What a write into a lazy value's value goes through (the sandbox's write guard)."""
 
     # -- creating and settling calls ---------------------------------------------------------
     def new_call(self, call_id: CallId) -> Lazy:
@@ -744,5 +763,4 @@ class LazyTable:
     def deps(self, x: Any) -> set[CallId]:
         """See :func:`deps`."""
         return deps(x)
-
 

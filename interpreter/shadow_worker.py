@@ -212,7 +212,9 @@ class ShadowRun:
         sandbox = self.sandbox
         admission = sandbox.context.admission
         admission.hold(Lazy)  # lazy values are the shadow's own placeholders
-        self.table.admit = admission.admit
+        guards = sandbox.context.guards
+        self.table.admit = admission.admit_deep
+        self.table.getattr, self.table.write = guards.getattr, guards.write
         guards = lazy_aware_guards({name: sandbox.builtin(name) for name in _GUARD_NAMES
                                     if _has_builtin(sandbox, name)})
         for name, value in {**guards, **shadow_helpers()}.items():

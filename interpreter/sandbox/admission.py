@@ -20,8 +20,8 @@ maker chooses:
   be public; an unbound C method of a class the sandbox holds passes under a public name;
   ``str.format`` / ``format_map`` become the guarded versions; every other descriptor or slot
   wrapper (``object.__getattribute__``...) is refused;
-* a class is one the sandbox made, an exception class, or a *held* class (the builtin types,
-  the classes the facades show: surface.py); a metaclass becomes the sandbox's ``type``; any
+* a class is one the sandbox made or a *held* class (the builtin types and exceptions, the
+  classes the facades show: surface.py, and ``ToolError``); a metaclass becomes the sandbox's ``type``; any
   other class becomes a :class:`TypeView` (a name to print and compare, nothing to call);
 * callable wrappers (``functools.partial``, ``property``, ``classmethod``, ``staticmethod``,
   ``lru_cache`` and ``cached_property`` wrappers) pass only if what they wrap does;
@@ -55,7 +55,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .policy import SandboxType
+from .policy import sandbox_type
 from .provenance import Provenance, SandboxFunction
 from .surface import held_classes
 
@@ -113,6 +113,8 @@ _PLAIN_ITEMS: frozenset[type] = frozenset({range, str, bytes, bytearray})
 """Exact types whose items are always plain (iterated without admission)."""
 
 _FORMAT_NAMES = frozenset({"format", "format_map"})
+_RAW_MEMORY = frozenset({"getbuffer"})
+"""C methods that hand out a view of raw memory (``BytesIO.getbuffer``)."""
 
 _CONTAINERS: frozenset[type] = frozenset({
     list, tuple, set, frozenset, dict, collections.deque, collections.OrderedDict,
@@ -157,7 +159,7 @@ def _sample_types() -> set[type]:
 def held_instance_types() -> frozenset[type]:
     """Exact types of the objects a cell may hold (besides plain data and what it made)."""
     return held_classes() | frozenset(_sample_types()) | {
-        SandboxFunction, TypeView, types.GeneratorType, type(SandboxType)}
+        SandboxFunction, TypeView, types.GeneratorType}
 
 
 _REFUSED: tuple[type, ...] = (
@@ -181,12 +183,15 @@ class Admission:
     def __init__(self, provenance: Provenance) -> None:
         self.provenance = provenance
         self.namespace = provenance.namespace
-        self._held_instances: set[type] = set(held_instance_types())
-        self._held_classes = held_classes()
+        self._held_instance_ids: set[int] = set(map(id, held_instance_types()))
+        self._held_class_ids: set[int] = set(map(id, held_classes()))
+        self._held_keep: list[type] = []  # keeps the ids of classes held later valid
         self._known_functions: set[int] = set()
         self._known_keep: list[Any] = []  # keeps the ids in `_known_functions` valid
         self._views: weakref.WeakKeyDictionary[type, TypeView] = weakref.WeakKeyDictionary()
         self._builtins_dicts: list[dict[str, Any]] = []
+        self.sandbox_type = sandbox_type(self.admit_class)
+        """This sandbox's ``type`` (``type(x)`` answers what :meth:`admit_class` admits)."""
         self.format_guard: Callable[[Any, str], Any] | None = None
         """Turns a raw ``str.format`` / ``format_map`` (bound to a string, or unbound) into
         the guarded version (set by guards.py)."""
@@ -211,7 +216,13 @@ class Admission:
     # -- registration ------------------------------------------------------------------------
     def hold(self, kind: type) -> None:
         """Let objects of exact type ``kind`` in (the shadow's lazy values, for one)."""
-        self._held_instances.add(kind)
+        self._held_instance_ids.add(id(kind))
+        self._held_keep.append(kind)
+
+    def hold_class(self, cls: type) -> None:
+        """Let class ``cls`` in as a class, and its instances (``ToolError``, for one)."""
+        self.hold(cls)
+        self._held_class_ids.add(id(cls))
 
     def know_function(self, function: Any) -> None:
         """A C function bound to a module that the sandbox hands out (a builtin, a facade's
@@ -234,7 +245,7 @@ class Admission:
         rule = self._rules.get(kind)
         if rule is not None:
             return rule(value)
-        if kind in self._held_instances or kind in self.provenance.classes:
+        if id(kind) in self._held_instance_ids or self.provenance.made_class(kind):
             return value
         if isinstance(value, type):
             return self.admit_class(value)
@@ -253,20 +264,15 @@ class Admission:
         """A class as the cell may hold it: itself, the sandbox's ``type`` for a metaclass, or
         a `TypeView`."""
         if issubclass(cls, type):
-            return SandboxType
+            return self.sandbox_type
         provenance = self.provenance
-        if cls in self._held_classes or cls in provenance.classes \
-                or cls in provenance.vetted_bases or cls is SandboxType \
-                or issubclass(cls, BaseException):
+        if id(cls) in self._held_class_ids or provenance.made_class(cls) \
+                or provenance.vetted_base(cls) or cls is self.sandbox_type:
             return cls
         view = self._views.get(cls)
         if view is None:
             view = self._views[cls] = TypeView(cls)
         return view
-
-    def type_of(self, value: Any) -> Any:
-        """The sandbox's one-argument ``type()``."""
-        return self.admit_class(type(value))
 
     def admit_deep(self, value: Any) -> Any:
         """:meth:`admit`, also of every item of the builtin containers inside ``value`` (a
@@ -321,14 +327,16 @@ class Admission:
         return value
 
     def _function(self, value: types.FunctionType) -> Any:
-        return value if value.__globals__ is self.namespace else SandboxFunction(value)
+        if value.__globals__ is self.namespace:
+            return value
+        return SandboxFunction(value, self.admit_deep)
 
     def _method(self, value: types.MethodType) -> Any:
         function, owner = value.__func__, value.__self__
         if type(function) is types.FunctionType and function.__globals__ is self.namespace \
                 and self.admissible(owner):
             return value
-        return SandboxFunction(value)
+        return SandboxFunction(value, self.admit_deep)
 
     def _builtin(self, value: types.BuiltinFunctionType) -> Any:
         owner = value.__self__
@@ -350,7 +358,7 @@ class Admission:
             return self.format_guard(owner, name)
         if name == "__init__" and self.provenance.made(owner):
             return value  # super().__init__ (guards.py)
-        if name.startswith("_"):
+        if name.startswith("_") or name in _RAW_MEMORY:
             raise AdmissionError(f"the method {name!r} cannot enter the sandbox")
         if isinstance(owner, type):
             if self.admit_class(owner) is not owner:
@@ -364,7 +372,7 @@ class Admission:
 
     def _descriptor(self, value: Any) -> Any:
         name, owner = value.__name__, value.__objclass__
-        if name.startswith("_") or self.admit_class(owner) is not owner:
+        if name.startswith("_") or name in _RAW_MEMORY or self.admit_class(owner) is not owner:
             raise AdmissionError(f"the method {owner.__qualname__}.{name} cannot enter the "
                                  "sandbox")
         if owner is str and name in ("format", "format_map") and self.format_guard is not None:

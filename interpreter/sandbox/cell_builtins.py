@@ -18,7 +18,6 @@ from .classes import STATEMENT, ClassBuilder
 from .doors import ADMIT, ADMIT_ALL, ADMIT_KEYWORDS, DECORATE, ENTER
 from .modules import SandboxModule, guarded_import
 from .output import Printer, SandboxContext
-from .policy import SandboxType
 
 _SAFE_BUILTIN_NAMES = (
     "abs", "all", "any", "ascii", "bin", "bool", "bytearray", "bytes", "callable", "chr",
@@ -68,7 +67,7 @@ def make_builtins(context: SandboxContext) -> dict[str, Any]:
     printer = Printer(context)
     guards = context.guards
     table.update({
-        "type": SandboxType,
+        "type": context.admission.sandbox_type,
         "getattr": guards.getattr,
         "hasattr": guards.hasattr,
         "setattr": guards.setattr,
@@ -78,6 +77,7 @@ def make_builtins(context: SandboxContext) -> dict[str, Any]:
     })
     admission = context.admission
     admission.hold(SandboxModule)
+    admission.hold_class(ToolError)
     for value in table.values():
         admission.know_function(value)
     table = {name: admission.admit(value) for name, value in table.items()}

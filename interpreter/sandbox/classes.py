@@ -75,6 +75,10 @@ ALLOWED_METACLASSES: frozenset[type] = frozenset({
 })
 """The metaclasses a class made by the sandbox may have."""
 
+ALLOWED_BASE_IDS = frozenset(map(id, ALLOWED_BASES))
+ALLOWED_METACLASS_IDS = frozenset(map(id, ALLOWED_METACLASSES))
+"""The same, by identity (membership never calls a class's own ``__eq__``/``__hash__``)."""
+
 _GENERIC_ALIAS: type = typing._GenericAlias  # type: ignore[attr-defined]
 _BASE_GENERIC_ALIAS: type = typing._BaseGenericAlias  # type: ignore[attr-defined]
 
@@ -111,11 +115,12 @@ class ClassBuilder:
         bases = tuple(unwrap(base) for base in bases)
         resolved = self.resolve(bases)
         metaclass = _derived_metaclass(resolved)
-        if metaclass not in ALLOWED_METACLASSES:
+        if not _holds(ALLOWED_METACLASS_IDS, metaclass):
             raise TypeError(f"class {name}: its bases give it the metaclass "
                             f"{metaclass.__qualname__!r}, which the sandbox does not allow")
-        cls = builtins.__build_class__(body, name, *bases, metaclass=metaclass, **keywords)
-        if not isinstance(cls, type) or type(cls) not in ALLOWED_METACLASSES \
+        checked = _CheckedNamespace(self, metaclass, bases, resolved)
+        cls = builtins.__build_class__(body, name, *resolved, metaclass=checked, **keywords)
+        if not isinstance(cls, type) or not _holds(ALLOWED_METACLASS_IDS, type(cls)) \
                 or not all(self.allowed_base(base) for base in cls.__mro__[1:]):
             raise TypeError(f"class {name}: the class made is not one the sandbox allows")
         return self.provenance.record(cls)
@@ -152,7 +157,56 @@ class ClassBuilder:
 
 def allowed_base(provenance: Provenance, cls: Any) -> bool:
     """Whether the sandbox may derive a class from ``cls`` (by identity)."""
-    return cls in ALLOWED_BASES or cls in provenance.classes or cls in provenance.vetted_bases
+    return _holds(ALLOWED_BASE_IDS, cls) or provenance.made_class(cls) \
+        or provenance.vetted_base(cls)
+
+
+def _holds(ids: frozenset[int], obj: Any) -> bool:
+    return id(obj) in ids
+
+
+_PYTHON_KEYS: dict[str, type | tuple[type, ...]] = {
+    "__module__": str, "__qualname__": str, "__doc__": (str, type(None)),
+    "__annotations__": dict, "__classcell__": types.CellType, "__orig_bases__": tuple,
+    "__firstlineno__": int, "__static_attributes__": tuple, "__type_params__": tuple,
+}
+"""Names starting with ``_`` that Python itself puts in a class body's namespace."""
+
+
+class _CheckedNamespace:
+    """What the class builder passes to ``__build_class__`` as the metaclass: the namespace
+    comes from the real metaclass's ``__prepare__``; once the body has run, every name in it
+    that starts with ``_`` must be Python's own (`_PYTHON_KEYS`), a function the cell defined
+    (``def __eq__``: its parameters are admitted), or what the metaclass's ``__prepare__`` put
+    there from a base, before the real metaclass makes the class. A decorator cannot turn a
+    dunder into a C callable that Python would call with raw objects."""
+
+    def __init__(self, builder: ClassBuilder, metaclass: type, bases: tuple[Any, ...],
+                 resolved: tuple[type, ...]) -> None:
+        self.builder, self.metaclass = builder, metaclass
+        self.bases, self.resolved = bases, resolved
+
+    def __prepare__(self, name: str, bases: tuple[Any, ...], **keywords: Any) -> Any:
+        return self.metaclass.__prepare__(name, bases, **keywords)
+
+    def __call__(self, name: str, bases: tuple[type, ...], namespace: Any,
+                 **keywords: Any) -> Any:
+        made_function = self.builder.provenance.made_function
+        for key, value in dict.items(namespace):
+            if type(key) is not str:
+                raise TypeError(f"class {name}: a name in its body is not a string")
+            if not key.startswith("_") or made_function(value):
+                continue
+            kinds = _PYTHON_KEYS.get(key)
+            if kinds is not None and isinstance(value, kinds):
+                continue
+            if any(value is getattr(base, key, namespace) for base in self.resolved):
+                continue  # the metaclass's __prepare__ copied it from a base
+            raise TypeError(f"class {name}: {key!r} must be a function defined in the class "
+                            "body in the sandbox")
+        if self.bases != self.resolved:
+            namespace["__orig_bases__"] = self.bases  # as __build_class__ does
+        return self.metaclass(name, bases, namespace, **keywords)
 
 
 def _contains(items: tuple[Any, ...], value: Any) -> bool:

@@ -10,8 +10,9 @@ caller passes in. Here:
   returned as they are (``deepcopy`` copies the items of tuples and frozensets);
 * any other object must be one the sandbox made or a held stdlib object; it is rebuilt from its
   class's own reduction (trusted code: a cell cannot define reduction hooks), and only by
-  calling ``copyreg``'s constructors or a class the sandbox holds or made; its state is set
-  with its class's ``__setstate__`` or, for plain state, key by key (no dunder names).
+  calling ``copyreg``'s constructors or a class the sandbox holds or made, which must give a new
+  object of the same class; its state is set with its class's ``__setstate__`` or, for plain
+  state, key by key (no name starting with ``_``).
 
 ``deepcopy`` takes no ``memo``. Every copy is admitted where the cell reads it, as anything is.
 """
@@ -26,6 +27,7 @@ import enum
 import fractions
 import re
 import types
+import typing
 from collections.abc import Callable
 from typing import Any
 
@@ -38,6 +40,7 @@ _ATOMIC: tuple[type, ...] = (
     types.MethodDescriptorType, SandboxFunction, TypeView, enum.Enum,
     datetime.date, datetime.time, datetime.timedelta, datetime.tzinfo, decimal.Decimal,
     fractions.Fraction, re.Pattern, re.Match, property, classmethod, staticmethod,
+    typing._Final,  # type: ignore[attr-defined]  # typing's aliases and special forms
 )
 """Returned as they are: immutable, or callables and classes (as the stdlib does)."""
 
@@ -103,6 +106,9 @@ class Copier:
         if memo is not None:
             args = self._copy(args, memo)
         y = func(*args)
+        if type(y) is not cls or y is x:
+            raise TypeError(f"copy: {cls.__qualname__!r} objects do not rebuild as new objects "
+                            "of their class")
         if memo is not None:
             memo[id(x)] = y
         if state is not None:
@@ -136,7 +142,7 @@ class Copier:
             if type(part) is not dict:
                 raise TypeError("copy: an object's state must be a dict")
             for key, value in part.items():
-                if type(key) is not str or (key.startswith("__") and key.endswith("__")):
+                if type(key) is not str or key.startswith("_"):
                     raise TypeError(f"copy: refusing to set attribute {key!r} in the sandbox")
                 object.__setattr__(y, key, value)
 

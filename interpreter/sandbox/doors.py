@@ -74,8 +74,17 @@ class DoorRewrite(ast.NodeTransformer):
 
     # -- values ------------------------------------------------------------------------------
     def visit_Call(self, node: ast.Call) -> ast.AST:
+        func = node.func
         self.generic_visit(node)
+        if isinstance(func, ast.Attribute):  # a method called at once, not bound to a name
+            node.func = func
         return node if _is_hook_call(node) else _call(ADMIT, node)
+
+    def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
+        """What RestrictedPython leaves as a plain attribute load is its own (``print`` is
+        ``_print._call_print``): bound to a name, it is admitted too."""
+        self.generic_visit(node)
+        return _call(ADMIT, node) if isinstance(node.ctx, ast.Load) else node
 
     def _admitted(self, node: ast.expr) -> ast.AST:
         self.generic_visit(node)

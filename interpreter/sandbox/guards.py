@@ -59,7 +59,7 @@ class Guards:
                                      "defined in the sandbox")
             return obj.__init__
         check_attribute_name(obj, name)
-        if name == "register" and isinstance(obj, abc.ABCMeta):
+        if name == "register" and (isinstance(obj, abc.ABCMeta) or obj is abc.ABCMeta):
             raise AttributeError(f"{obj.__name__}.register() is not available in the sandbox "
                                  "(it changes what isinstance() answers for everyone)")
         if name == "getbuffer" and isinstance(obj, io.BytesIO):

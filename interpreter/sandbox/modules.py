@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from .admission import AdmissionError
-from .classes import ALLOWED_BASES, allowed_base
+from .classes import ALLOWED_BASE_IDS, allowed_base
 from .copying import Copier, copy_functions
 from .guards import Guards
 from .output import SandboxContext
@@ -142,9 +142,9 @@ def _check_dataclass_fields(target: type, provenance: Provenance) -> None:
     dataclasses writes source code from them. Which classes count is decided by identity."""
     for cls in target.__mro__:
         namespace = type.__dict__["__dict__"].__get__(cls)
-        if cls in ALLOWED_BASES and "__dataclass_fields__" not in namespace:
+        if id(cls) in ALLOWED_BASE_IDS and "__dataclass_fields__" not in namespace:
             continue  # a real class of the fixed allow-list: no dataclass fields
-        if cls not in provenance.classes:
+        if not provenance.made_class(cls):
             raise TypeError(f"dataclass(): {cls.__qualname__!r} was not defined in the sandbox")
         annotations = namespace.get("__annotations__", {})
         fields = namespace.get("__dataclass_fields__", {})
@@ -266,7 +266,7 @@ def _sandbox_enum(base: type, context: SandboxContext) -> type:
     safe = types.new_class(base.__name__, (base,), exec_body=lambda ns: ns.update(
         {"__module__": base.__module__, "__qualname__": base.__qualname__}))
     safe._create_ = classmethod(create)
-    provenance.vetted_bases.add(safe)
+    provenance.vet_base(safe)
     return safe
 
 
@@ -276,6 +276,8 @@ def _recording(factory: Callable[..., Any], context: SandboxContext) -> SandboxF
     itself stays what the class builder knows as a base (`~.provenance.unwrap`)."""
 
     def record(made: Any) -> Any:
+        if isinstance(made, type):
+            made.__module__ = SANDBOX_MODULE_NAME  # not the module of the frame that called
         return context.admission.admit(context.provenance.record(made))
 
     return SandboxFunction(factory, record)

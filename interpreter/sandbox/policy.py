@@ -146,16 +146,35 @@ class _SandboxTypeMeta(type):
 
 
 class SandboxType(metaclass=_SandboxTypeMeta):
-    """The sandbox's ``type``: one argument only, and metaclasses read as ``type`` itself.
+    """The sandbox's ``type``: one argument only, and what it answers is admitted (a
+    metaclass reads as this ``type`` itself). Each sandbox has a subclass of its own
+    (`sandbox_type`) that admits with its admission, so that ``type()`` called anywhere (in
+    cell code, or by ``map`` in C) hands out only what the sandbox may hold.
 
     ``type(name, bases, dict)`` would build classes with arbitrary dunder methods, which
     the restricted compiler otherwise forbids; ``class`` statements remain available.
     """
+
+    __slots__ = ()
+    _admit_class: Any = None
 
     def __new__(cls, *args: Any) -> Any:  # noqa: D102
         if len(args) != 1:
             raise TypeError(
                 "type() takes exactly one argument in the sandbox; "
                 "use a class statement to define classes")
-        result = type(args[0])
-        return SandboxType if issubclass(result, type) else result
+        if cls._admit_class is None:
+            raise TypeError("type() is not bound to a sandbox")
+        return cls._admit_class(type(args[0]))
+
+
+def sandbox_type(admit_class: Any) -> type:
+    """The ``type`` of one sandbox: ``type(x)`` is ``admit_class(real type of x)``."""
+    return _SandboxTypeMeta("type", (SandboxType,), {
+        "__slots__": (), "__module__": "builtins", "__qualname__": "type",
+        "_admit_class": staticmethod(admit_class)})
+
+
+def is_sandbox_type(obj: Any) -> bool:
+    """Whether ``obj`` is a sandbox's ``type`` (by its metaclass, not by what it answers)."""
+    return type(obj) is _SandboxTypeMeta

@@ -77,17 +77,34 @@ class Provenance:
 
     def __init__(self, namespace: dict[str, Any]) -> None:
         self.namespace = namespace
-        self.classes: weakref.WeakSet[type] = weakref.WeakSet()
+        self._classes = _ClassesById()
         """Classes made through the vetted paths: class statements and the class factories."""
-        self.vetted_bases: weakref.WeakSet[type] = weakref.WeakSet()
+        self._vetted_bases = _ClassesById()
         """Classes the facades made for this sandbox that a class statement may derive from
         (the enum classes), beside the fixed allow-list of classes.py; not writable."""
 
     def record(self, cls: Any) -> Any:
         """Record ``cls`` as made by the sandbox; returns it."""
         if isinstance(cls, type):
-            self.classes.add(cls)
+            self._classes.add(cls)
         return cls
+
+    def vet_base(self, cls: type) -> None:
+        """Let class statements derive from ``cls`` (a class a facade made)."""
+        self._vetted_bases.add(cls)
+
+    def made_class(self, cls: Any) -> bool:
+        """Whether ``cls`` is a class the sandbox made (by identity)."""
+        return self._classes.holds(cls)
+
+    def vetted_base(self, cls: Any) -> bool:
+        """Whether ``cls`` is a class a facade made for class statements to derive from."""
+        return self._vetted_bases.holds(cls)
+
+    @property
+    def classes(self) -> list[type]:
+        """The classes the sandbox made that are still alive."""
+        return self._classes.alive()
 
     def made_function(self, obj: Any) -> bool:
         """Whether ``obj`` is a function defined by a cell of this sandbox."""
@@ -97,4 +114,28 @@ class Provenance:
         """Whether ``obj`` is a function, a class, or an instance of a class the sandbox made."""
         if type(obj) is types.FunctionType:
             return obj.__globals__ is self.namespace
-        return (obj if isinstance(obj, type) else type(obj)) in self.classes
+        return self._classes.holds(obj if isinstance(obj, type) else type(obj))
+
+
+class _ClassesById:
+    """A weak set of classes whose membership is decided by identity: looking a class up
+    never calls its metaclass's ``__eq__`` or ``__hash__``."""
+
+    def __init__(self) -> None:
+        self._refs: dict[int, weakref.ref[type]] = {}
+
+    def add(self, cls: type) -> None:
+        key = id(cls)
+
+        def forget(ref: weakref.ref[type], key: int = key) -> None:
+            if self._refs.get(key) is ref:
+                del self._refs[key]
+
+        self._refs[key] = weakref.ref(cls, forget)
+
+    def holds(self, cls: Any) -> bool:
+        ref = self._refs.get(id(cls))
+        return ref is not None and ref() is cls
+
+    def alive(self) -> list[type]:
+        return [cls for ref in list(self._refs.values()) if (cls := ref()) is not None]

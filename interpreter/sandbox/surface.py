@@ -47,8 +47,11 @@ class Exposure:
 EXPOSURES: dict[str, Exposure] = {
     "typing": Exposure(deny=frozenset({
         "get_type_hints", "ForwardRef",  # both evaluate strings
-        "overload", "get_overloads", "clear_overloads"})),  # a process-wide registry
+        "overload", "get_overloads", "clear_overloads",  # a process-wide registry
+        "no_type_check_decorator"})),  # marks whatever its decorator returns
     "json": Exposure(plain_results=True),
+    "csv": Exposure(deny=frozenset({  # the process-wide dialect registry and field limit
+        "register_dialect", "unregister_dialect", "field_size_limit"})),
     "math": Exposure(plain_results=True),
     "cmath": Exposure(plain_results=True),
     "functools": Exposure(deny=frozenset({"singledispatch", "singledispatchmethod"})),

@@ -129,7 +129,7 @@ class Crawler:
         if obj is type:
             return "the real type"
         if isinstance(obj, type) and issubclass(obj, type) \
-                and obj is not sandbox_module.policy.SandboxType:
+                and not sandbox_module.policy.is_sandbox_type(obj):
             return f"a metaclass ({obj.__qualname__})"
         if isinstance(obj, dict) and id(obj) in self.module_globals:
             return "a module's globals"

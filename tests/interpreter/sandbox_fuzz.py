@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 
 from agentrt.interpreter.sandbox import Sandbox
 from agentrt.interpreter.sandbox.classes import ALLOWED_METACLASSES
-from agentrt.interpreter.sandbox.policy import SandboxType
+from agentrt.interpreter.sandbox.policy import is_sandbox_type
 
 MODULES = ("typing", "enum", "dataclasses", "functools", "operator", "copy", "collections",
            "json", "numbers", "string", "re", "decimal", "fractions", "datetime", "io",
@@ -197,7 +197,7 @@ def _module_globals() -> set[int]:
 
 def violation(obj: Any, sandbox: Sandbox, module_globals: set[int]) -> str | None:
     """What is wrong with the sandbox holding ``obj`` (None: nothing)."""
-    if issubclass(type(obj), type) and issubclass(obj, type) and obj is not SandboxType:
+    if issubclass(type(obj), type) and issubclass(obj, type) and not is_sandbox_type(obj):
         return f"a metaclass ({obj.__qualname__})"
     if isinstance(obj, (types.ModuleType, types.FrameType, types.CodeType,
                         types.TracebackType)):

@@ -1,6 +1,7 @@
 """Admission: every door a value can reach a cell by admits it (doors.py, admission.py).
 
-The escapes of the third red-team round, each a different path to a real object, are run here
+The escapes of the third and fourth red-team rounds, each a different path to a real object,
+are run here
 against the first wall alone (an in-process sandbox, the fuzzer's oracle on what the namespace
 holds) and, for the shadow's paths, in shadow mode with lazy values resolving. Then the doors
 themselves: each kind of door is shown to admit, by a cell that would bind a real object
@@ -18,7 +19,6 @@ import pytest
 from agentrt.interpreter.frames import Launch, Shadow
 from agentrt.interpreter.sandbox import Sandbox
 from agentrt.interpreter.sandbox.admission import AdmissionError, TypeView
-from agentrt.interpreter.sandbox.policy import SandboxType
 from agentrt.interpreter.shadow_worker import ShadowRun
 from sandbox_fuzz import violations
 
@@ -171,10 +171,105 @@ for kind in kinds:
 }
 
 
-@pytest.mark.parametrize("name", sorted(ROUND_THREE))
-def test_round_three_escapes_are_contained(name):
+ROUND_FOUR = {
+    "decorated-dunder-collects-raw-operands": """
+import typing, functools
+box = []
+def grab(f):
+    return functools.partial(list.append, box)
+try:
+    class Catch:
+        @grab
+        def __eq__(self, other):
+            pass
+    typing.Type[int] == typing.Annotated[Catch(), 0]
+except TypeError:
+    print('refused')
+""",
+    "type-inside-a-c-pipeline": """
+kinds = list(map(type, [FINAL, print, getattr, type]))
+inner = list(map(map, kinds, [[type]] * 4))
+made = [list(m) for m in inner]
+for k in kinds:
+    try:
+        k(type)
+        print('ESCAPED', k)
+    except TypeError:
+        pass
+""",
+    "abc-register-through-the-metaclass": """
+import collections.abc
+class Thing:
+    pass
+try:
+    reg = list(map(getattr, map(type, [collections.abc.Mapping]), ['register']))[0]
+    reg(collections.abc.Mapping, Thing)
+except (TypeError, AttributeError):
+    pass
+if isinstance(Thing(), collections.abc.Mapping):
+    print('ESCAPED registered')
+""",
+    "copy-state-writes-private-attributes": """
+import copy, re
+class E(Exception):
+    pass
+e = E('x')
+try:
+    copy.copy(e)
+except TypeError:
+    pass
+if str(re.IGNORECASE) != 're.IGNORECASE':
+    print('ESCAPED', re.IGNORECASE)
+""",
+    "print-bound-to-a-name": """
+p = print
+p('printed')
+if repr(type(p)) != "<class 'SandboxFunction'>":
+    print('ESCAPED', type(p))
+""",
+    "raw-memory-through-the-class": """
+import io
+try:
+    views = list(map(io.BytesIO.getbuffer, [io.BytesIO(b'abc')]))
+    print('ESCAPED', views)
+except (TypeError, AttributeError):
+    print('refused')
+""",
+    "process-wide-registries": """
+import csv, typing
+for name in ('register_dialect', 'unregister_dialect', 'field_size_limit'):
+    try:
+        getattr(csv, name)
+        print('ESCAPED', name)
+    except AttributeError:
+        pass
+try:
+    typing.no_type_check_decorator
+    print('ESCAPED no_type_check_decorator')
+except AttributeError:
+    pass
+""",
+    "the-full-chain": """
+import typing, functools, copy, dataclasses
+box = []
+def grab(f):
+    return functools.partial(list.append, box)
+class Catch:
+    @grab
+    def __eq__(self, other):
+        pass
+typing.Type[int] == typing.Annotated[Catch(), 0]
+rtype = next(list(map(map, map(type, [FINAL]), [box[-1:]]))[0])
+Enew = rtype('Enew', (Exception,), {'__new__': functools.partial(dict.get, {})})
+print('ESCAPED', Enew)
+""",
+}
+
+
+@pytest.mark.parametrize("name", sorted(ROUND_THREE) + sorted(ROUND_FOUR))
+def test_red_team_escapes_are_contained(name):
     sandbox = Sandbox()
-    outcome = sandbox.execute(ROUND_THREE[name])
+    outcome = sandbox.execute({**ROUND_THREE, **ROUND_FOUR}[name])
     assert ESCAPE not in outcome.stdout, outcome.stdout
     assert violations(sandbox) == []
     if outcome.final is not None:
@@ -244,6 +339,14 @@ class S(str):
 fmt = operator.attrgetter('format')(([S('{0.__class__}').sup()] * r)[0])
 leak(repr(fmt))
 """,
+    "lazy-read-of-shared-class-state": """
+import operator, textwrap
+r = echo(1)
+L = ([textwrap.TextWrapper] * r)[0]
+t = operator.attrgetter('unicode_whitespace_trans')(L)
+t[32] = 'X'
+leak(str(t[32]))
+""",
     "lazy-copy-of-a-classmethod": """
 import copy, typing
 r = echo(1)
@@ -260,6 +363,9 @@ leak(repr(T))
 def test_round_three_shadow_escapes_are_contained(name):
     sandbox, leaked = run_in_shadow(SHADOW_ROUND_THREE[name])
     assert violations(sandbox) == []
+    import textwrap
+
+    assert textwrap.TextWrapper.unicode_whitespace_trans.get(32) != "X"
     for text in leaked:
         assert " at 0x" not in text and "<class 'function'>" not in text, leaked
         assert "<method 'format' of 'str' objects>" not in text, leaked
@@ -341,7 +447,7 @@ def test_every_door_admits(door):
 def test_admission_maps_and_refuses():
     sandbox = Sandbox()
     admit = sandbox.context.admission.admit
-    assert admit(type) is SandboxType
+    assert admit(type) is sandbox.context.admission.sandbox_type
     assert isinstance(admit(types.FunctionType), TypeView)
     assert admit([1, "a"]) == [1, "a"] and admit(int) is int
     for refused in (sandbox.namespace, sandbox.namespace["__builtins__"], vars(types),
