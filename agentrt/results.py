@@ -56,15 +56,18 @@ class RunStats:
     tool_calls: Counter = field(default_factory=Counter)
     """Tool invocations per tool name (early and authoritative alike)."""
     launched: int = 0
-    """Early (speculative) tool calls started."""
+    """Early (speculative) tool calls started; ``launched == hits + wasted + retracted``."""
     hits: int = 0
     """Authoritative calls served by an early call."""
     misses: int = 0
-    """Authoritative calls of speculatable tools that found no early call."""
+    """Authoritative calls of speculatable tools that found no early call (or whose arguments
+    were too large to launch early)."""
     wasted: int = 0
-    """Early calls that were never claimed."""
+    """Early calls never claimed although the program made that call in their block (it was
+    served by another early call, or ran before the early one could serve it)."""
     retracted: int = 0
-    """Early calls cancelled because a newer view of the code no longer justified them."""
+    """Early calls never claimed because the program never made that call in their block (a
+    guess from a half-written statement, a branch not taken)."""
     hidden_s: float = 0.0
     """Tool time that ran before the authoritative run asked for it."""
     shadow_tool_calls_refused: int = 0
