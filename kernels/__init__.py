@@ -6,10 +6,12 @@ both make the same decisions for the same pre-drawn uniforms.
 
 from __future__ import annotations
 
+_handed_over = False
 if __name__ == "kernels":
     # Imported as top-level ``kernels``: ``python -m`` from the source tree's root puts the root on
     # sys.path, where this folder shadows the PyPI package ``kernels`` (which transformers
-    # imports). Such an import gets that package; this folder is only ever ``agentrt.kernels``.
+    # imports). Where that package is installed, such an import gets it; where it is not, this
+    # folder answers as it always did.
     import importlib.machinery
     import importlib.util
     import os
@@ -18,13 +20,13 @@ if __name__ == "kernels":
     _root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     _spec = importlib.machinery.PathFinder.find_spec(
         "kernels", [p for p in sys.path if os.path.abspath(p or os.curdir) != _root])
-    if _spec is None or _spec.loader is None:
-        raise ModuleNotFoundError("No module named 'kernels' (agentrt's kernels/ folder is "
-                                  "agentrt.kernels)", name="kernels")
-    _installed = importlib.util.module_from_spec(_spec)
-    sys.modules["kernels"] = _installed
-    _spec.loader.exec_module(_installed)
-else:
+    if _spec is not None and _spec.loader is not None:
+        _installed = importlib.util.module_from_spec(_spec)
+        sys.modules["kernels"] = _installed
+        _spec.loader.exec_module(_installed)
+        _handed_over = True
+
+if not _handed_over:
     from .dispatch import (
         backend_for,
         greedy_verify,
