@@ -584,8 +584,11 @@ class Lazy:
 
     @property
     def __class__(self) -> type:  # type: ignore[override]
-        """The type of the value (forces), so ``isinstance(lazy, str)`` answers for the value."""
-        return type(_forced(self))
+        """The type of the value (forces), so ``isinstance(lazy, str)`` answers for the value;
+        for a value that is itself a class, ``Lazy`` (never a metaclass, which code calling
+        ``self.__class__(...)`` would use to make classes)."""
+        cls = type(_forced(self))
+        return Lazy if issubclass(cls, type) else cls
 
     # -- mutation: forced, applied to the real value in program order ------------------------
     def __setitem__(self, key: Any, value: Any) -> None:

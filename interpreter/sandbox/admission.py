@@ -41,6 +41,7 @@ import csv
 import dataclasses
 import datetime
 import decimal
+import enum
 import functools
 import hashlib
 import io
@@ -57,7 +58,7 @@ from typing import Any
 
 from .policy import sandbox_type
 from .provenance import Provenance, SandboxFunction
-from .surface import held_classes
+from .surface import held_classes, held_instance_classes
 
 class AdmissionError(TypeError):
     """A value the sandbox may not hold (cells see it as a ``TypeError``)."""
@@ -114,6 +115,16 @@ _PLAIN_ITEMS: frozenset[type] = frozenset({range, str, bytes, bytearray})
 
 _FORMAT_NAMES = frozenset({"format", "format_map"})
 _RAW_MEMORY = frozenset({"getbuffer"})
+
+_ALIAS_TYPES: frozenset[type] = frozenset(
+    type(alias) for alias in (
+        typing.List, typing.List[int], typing.Union[int, str], typing.Callable,
+        typing.Callable[[int], int], typing.Tuple, typing.Tuple[int], typing.Literal[0],
+        typing.Annotated[int, 0], typing.Generic[typing.AnyStr], list[int]))
+"""Types of typing's aliases (each has an ``__origin__``)."""
+_ALIAS_ORIGINS = (typing._SpecialForm, typing._BaseGenericAlias,  # type: ignore[attr-defined]
+                  typing.TypeVar, typing.ParamSpec)
+"""What an alias may stand for besides a class: typing's own forms and aliases."""
 """C methods that hand out a view of raw memory (``BytesIO.getbuffer``)."""
 
 _CONTAINERS: frozenset[type] = frozenset({
@@ -158,7 +169,7 @@ def _sample_types() -> set[type]:
 @functools.cache
 def held_instance_types() -> frozenset[type]:
     """Exact types of the objects a cell may hold (besides plain data and what it made)."""
-    return held_classes() | frozenset(_sample_types()) | {
+    return held_instance_classes() | frozenset(_sample_types()) | {
         SandboxFunction, TypeView, types.GeneratorType}
 
 
@@ -210,6 +221,8 @@ class Admission:
             functools.cached_property: self._cached_property,
             type(functools.lru_cache(lambda: 0)): self._lru_wrapper,
         }
+        for alias_type in _ALIAS_TYPES:
+            self._rules[alias_type] = self._alias
         for kind in _REFUSED:
             self._rules[kind] = self._refuse
 
@@ -412,6 +425,19 @@ class Admission:
 
     def _lru_wrapper(self, value: Any) -> Any:
         self._inner_as_is(value.__wrapped__, "lru_cache wrapper")
+        return value
+
+    def _alias(self, value: Any) -> Any:
+        """A typing alias (``List[int]``, ``Annotated[X, m]``, ``list[int]``): only over what
+        calling it may construct (calling an alias calls what it aliases and then writes
+        ``__orig_class__`` into the result, which must not be a class or a shared member)."""
+        origin = object.__getattribute__(value, "__origin__")
+        if isinstance(origin, type):
+            if issubclass(origin, (type, enum.Enum)) or self.admit_class(origin) is not origin:
+                raise AdmissionError(f"typing alias of {origin.__qualname__!r} cannot enter "
+                                     "the sandbox")
+        elif not isinstance(origin, _ALIAS_ORIGINS):
+            raise AdmissionError("a typing alias of this object cannot enter the sandbox")
         return value
 
 

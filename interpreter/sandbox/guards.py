@@ -3,7 +3,9 @@
 augmented assignment, and writes (``_write_``, ``setattr``, ``delattr``).
 
 A read refuses private and internal names (policy.check_attribute_name), ``__init__`` except on
-``super()`` of an instance the sandbox made, ABC registration and raw buffers; what it found passes
+``super()`` of an instance the sandbox made, ABC registration, raw buffers, any attribute of a
+typing alias (aliases forward reads and writes to what they alias), and a method read off a
+class the sandbox did not make (it would run on any ``self``); what it found passes
 :meth:`Admission.admit`, and a mutable container read off a class (shared by every instance)
 comes as a copy. A write is allowed on the mutable builtin containers and on what the sandbox
 made, decided by identity.
@@ -16,9 +18,12 @@ import abc
 import collections
 import decimal
 import functools
+import inspect
 import io
 import operator
 import string
+import types
+import typing
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -27,6 +32,8 @@ from .policy import MISSING, check_attribute_name
 from .provenance import Provenance, SandboxFunction
 
 _WRITABLE_TYPES = (list, dict, set, bytearray, collections.deque, decimal.Context)
+_ALIASES = (typing._BaseGenericAlias, types.GenericAlias)  # type: ignore[attr-defined]
+"""typing's aliases, which forward attribute reads and writes to what they alias."""
 _SHARED_CONTAINERS = frozenset({list, dict, set, bytearray, collections.deque,
                                 collections.OrderedDict, collections.defaultdict,
                                 collections.Counter})
@@ -57,8 +64,11 @@ class Guards:
             if isinstance(owner, type) or not self.provenance.made(owner):
                 raise AttributeError("super().__init__ is available only on objects of classes "
                                      "defined in the sandbox")
-            return obj.__init__
-        check_attribute_name(obj, name)
+            return self.admission.admit(obj.__init__)
+        check_attribute_name(obj.__self__ if type(obj) is super else obj, name)
+        if isinstance(obj, _ALIASES):
+            raise AttributeError(f'"{name}": typing\'s aliases have no attributes in the '
+                                 "sandbox (they would read the attributes of what they alias)")
         if name == "register" and (isinstance(obj, abc.ABCMeta) or obj is abc.ABCMeta):
             raise AttributeError(f"{obj.__name__}.register() is not available in the sandbox "
                                  "(it changes what isinstance() answers for everyone)")
@@ -71,6 +81,9 @@ class Guards:
             if default is MISSING:
                 raise
             return default
+        if type(value) is types.FunctionType and self._unbound_method(obj, name, value):
+            raise AttributeError(f'"{name}": a method of a class the sandbox did not make is '
+                                 "available only on its instances")
         try:
             value = self.admission.admit(value)
         except AdmissionError as exc:
@@ -78,6 +91,17 @@ class Guards:
         if type(value) in _SHARED_CONTAINERS and self._shared(obj, name):
             value = _shallow_copy(value)
         return value
+
+    def _unbound_method(self, obj: Any, name: str, value: types.FunctionType) -> bool:
+        """Whether ``value``, read off a class (or a ``super()`` of one) the sandbox did not
+        make, is a method that would run on whatever ``self`` it is given (stdlib methods
+        write attributes of their ``self``)."""
+        if value.__globals__ is self.provenance.namespace:
+            return False
+        owner = obj.__self__ if type(obj) is super else obj
+        if not isinstance(owner, type) or self.provenance.made(owner):
+            return False
+        return not isinstance(inspect.getattr_static(owner, name, None), staticmethod)
 
     def _shared(self, obj: Any, name: str) -> bool:
         """Whether attribute ``name`` of ``obj`` is state shared beyond ``obj``: a class

@@ -13,8 +13,10 @@ import collections
 import collections.abc
 import dataclasses
 import decimal
+import enum
 import functools
 import importlib
+import operator
 import string
 import types
 import typing
@@ -100,20 +102,32 @@ def _public_classes(name: str, module: types.ModuleType) -> Iterator[type]:
 
 NEVER_HELD: frozenset[type] = frozenset({
     memoryview, string.Formatter, collections.UserString, typing.ForwardRef,
-    functools.singledispatchmethod,
+    functools.singledispatchmethod, operator.attrgetter, operator.methodcaller,
 })
-"""Classes no cell holds, whichever module shows them."""
+"""Classes no cell holds, whichever module shows them (the real ``attrgetter`` and
+``methodcaller`` read any attribute: the facade's replacements are functions)."""
 
 
 @functools.cache
-def held_classes() -> frozenset[type]:
-    """Classes a cell may hold as classes (besides those it made): the builtin types and the
-    classes the facades show; never a metaclass, never one of :data:`NEVER_HELD`."""
+def _exposed_classes() -> frozenset[type]:
     classes = {value for attr, value in vars(builtins).items() if not attr.startswith("_")
                and isinstance(value, type) and not issubclass(value, type)}
     for name in ALLOWED_MODULES:
         classes.update(_public_classes(name, importlib.import_module(name)))
     return frozenset(classes) - NEVER_HELD
+
+
+def held_classes() -> frozenset[type]:
+    """Classes a cell may hold as classes (besides those it made): the builtin types and the
+    classes the facades show; never a metaclass, never one of :data:`NEVER_HELD`, never an
+    ``Enum`` class (calling one with member names makes a new class with any attributes; the
+    sandbox's own enum bases check them)."""
+    return frozenset(cls for cls in _exposed_classes() if not issubclass(cls, enum.Enum))
+
+
+def held_instance_classes() -> frozenset[type]:
+    """Classes whose instances a cell may hold: the held classes and the facades' enums."""
+    return _exposed_classes()
 
 
 def mutable_module_value(value: Any) -> bool:
@@ -122,4 +136,4 @@ def mutable_module_value(value: Any) -> bool:
 
 
 __all__ = ["ALLOWED_MODULES", "EXPOSURES", "Exposure", "NEVER_HELD", "exposed_names", "exposure",
-           "held_classes", "mutable_module_value"]
+           "held_classes", "held_instance_classes", "mutable_module_value"]

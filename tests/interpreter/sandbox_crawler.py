@@ -162,7 +162,7 @@ class Crawler:
         typing = self.importer("typing", None, None, ("x",), 0)
         arguments: list[tuple] = [(), (0,), (1,), ("a",), (b"a",), ([1, 2],), ({"a": 1},),
                                   (1, 2), ("a", "b"), (int,), (str, "a")]
-        for alias in (typing.List[int], typing.Type[int], typing.Union[int, "X"],
+        for alias in (typing.List[int], typing.Union[int, "X"],
                       typing.Callable[[int], str], typing.Annotated[int, "m"],
                       typing.ClassVar[int], typing.Optional["X"], typing.Tuple[int, ...]):
             arguments.append((alias,))

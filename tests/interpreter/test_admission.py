@@ -1,9 +1,9 @@
 """Admission: every door a value can reach a cell by admits it (doors.py, admission.py).
 
-The escapes of the third and fourth red-team rounds, each a different path to a real object,
-are run here
-against the first wall alone (an in-process sandbox, the fuzzer's oracle on what the namespace
-holds) and, for the shadow's paths, in shadow mode with lazy values resolving. Then the doors
+The escapes of the third, fourth and fifth red-team rounds, each a different path to a real
+object, are run here against the first wall alone (an in-process sandbox, the fuzzer's oracle
+on what the namespace holds) and, for the shadow's paths, in shadow mode with lazy values
+resolving. Then the doors
 themselves: each kind of door is shown to admit, by a cell that would bind a real object
 through it if it did not.
 """
@@ -266,10 +266,60 @@ print('ESCAPED', Enew)
 }
 
 
-@pytest.mark.parametrize("name", sorted(ROUND_THREE) + sorted(ROUND_FOUR))
+ROUND_FIVE = {
+    "abc-register-through-an-alias": """
+import typing, collections.abc
+try:
+    typing.Mapping.register(int)
+except AttributeError:
+    pass
+if isinstance(1, collections.abc.Mapping):
+    print('ESCAPED registered')
+""",
+    "shared-class-state-through-an-alias": """
+import typing, textwrap
+try:
+    t = typing.Annotated[textwrap.TextWrapper, 0].unicode_whitespace_trans
+    t[32] = 'X'
+except (AttributeError, TypeError):
+    pass
+if textwrap.fill('a b c') != 'a b c':
+    print('ESCAPED shared state')
+""",
+    "unbound-method-writes-through-an-alias": """
+import typing, random, json
+try:
+    random.Random.setstate(typing.Annotated[json.JSONDecoder, 0], (3, (), 'PAYLOAD'))
+except (AttributeError, TypeError):
+    pass
+if getattr(json.JSONDecoder, 'gauss_next', None) == 'PAYLOAD':
+    print('ESCAPED written')
+""",
+    "alias-call-writes-orig-class": """
+import typing, operator, re
+try:
+    A = typing.Annotated[operator.itemgetter(0), 0]
+    A([re.IGNORECASE])
+except TypeError:
+    print('refused')
+""",
+    "super-init-of-a-stdlib-base-is-admitted": """
+import collections
+class D(collections.UserDict):
+    def __init__(self):
+        init = super().__init__
+        if repr(type(init)) != "<class 'SandboxFunction'>":
+            print('ESCAPED', type(init))
+        init()
+D()
+""",
+}
+
+
+@pytest.mark.parametrize("name", sorted(ROUND_THREE) + sorted(ROUND_FOUR) + sorted(ROUND_FIVE))
 def test_red_team_escapes_are_contained(name):
     sandbox = Sandbox()
-    outcome = sandbox.execute({**ROUND_THREE, **ROUND_FOUR}[name])
+    outcome = sandbox.execute({**ROUND_THREE, **ROUND_FOUR, **ROUND_FIVE}[name])
     assert ESCAPE not in outcome.stdout, outcome.stdout
     assert violations(sandbox) == []
     if outcome.final is not None:
@@ -347,6 +397,17 @@ t = operator.attrgetter('unicode_whitespace_trans')(L)
 t[32] = 'X'
 leak(str(t[32]))
 """,
+    "lazy-self-makes-a-class": """
+import collections, collections.abc
+class K:
+    maps = [(collections.abc.Mapping,), {'x': 1}]
+LK = [K][echo(0)]
+try:
+    made = collections.ChainMap.new_child(LK, 'Made')
+    leak(repr(made))
+except AttributeError:
+    leak('refused')
+""",
     "lazy-copy-of-a-classmethod": """
 import copy, typing
 r = echo(1)
@@ -366,6 +427,7 @@ def test_round_three_shadow_escapes_are_contained(name):
     import textwrap
 
     assert textwrap.TextWrapper.unicode_whitespace_trans.get(32) != "X"
+    assert not any(violations(sandbox))
     for text in leaked:
         assert " at 0x" not in text and "<class 'function'>" not in text, leaked
         assert "<method 'format' of 'str' objects>" not in text, leaked

@@ -9,6 +9,7 @@ from __future__ import annotations
 import builtins
 import json
 import os
+import typing
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
@@ -18,8 +19,10 @@ from sandbox_fuzz import programs, run_program
 
 EXAMPLES = int(os.environ.get("AGENTRT_FUZZ_EXAMPLES", "150"))
 
-METACLASS_FROM_ALIAS = ["class M(typing.Type[int]):\n    field = 1\nv0 = M"]
-"""The escape of the previous round: a typing alias whose ``__mro_entries__`` is ``type``."""
+METACLASS_FROM_ALIAS = ["class M(TypeAlias):\n    field = 1\nv0 = M"]
+"""An escape of an earlier round: a typing alias whose ``__mro_entries__`` is ``type``
+(``typing.Type[int]``; the facade no longer shows it, so the tests put it in the namespace
+themselves as ``TypeAlias``)."""
 
 
 @settings(max_examples=EXAMPLES, deadline=None, database=None,
@@ -50,5 +53,13 @@ def test_the_old_class_path_is_found(monkeypatch: pytest.MonkeyPatch):
         return builtins.__build_class__(body, name, *bases, **keywords)
 
     sandbox.install_builtin("__build_class__", build_class)
+    sandbox.namespace["TypeAlias"] = typing.Type[int]
     found = run_program(METACLASS_FROM_ALIAS, sandbox)
     assert found and "metaclass" in found[0]
+
+
+def test_the_class_builder_refuses_the_alias_of_a_metaclass():
+    sandbox = Sandbox()
+    sandbox.namespace["TypeAlias"] = typing.Type[int]
+    assert run_program(METACLASS_FROM_ALIAS, sandbox) == []
+    assert "M" not in sandbox.namespace
