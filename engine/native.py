@@ -91,30 +91,33 @@ class NativeEngine(BaseEngine):
                  config: NativeConfig | None = None, **overrides: Any):
         config = (config or NativeConfig()).replace(**overrides)
         self.config = config
-        if config.threads:
-            torch.set_num_threads(config.threads)
-        self.device = torch.device(config.device)
+        target, cache = config.target, config.kv_cache
+        if target.threads:
+            torch.set_num_threads(target.threads)
+        self.device = torch.device(target.device)
         self.model_name = model
-        self.path = resolve(model, config.dtype)
-        self.model = Transformer.from_pretrained(self.path, config.dtype, self.device,
-                                                 config.max_seq_len, precision=config.precision)
+        self.path = resolve(model, target.dtype)
+        self.model = Transformer.from_pretrained(self.path, target.dtype, self.device,
+                                                 target.max_seq_len, precision=target.precision)
         self.model.choose_packed_rows()
         self.tokenizer = ChatTokenizer(self.path)
-        self.max_seq_len = config.max_seq_len
-        self.fixed_k = None if config.draft_tokens == "auto" else config.draft_tokens
-        self.max_k = max(1, self.fixed_k or config.max_draft_tokens)
+        self.max_seq_len = target.max_seq_len
+        self.fixed_k = config.drafting.fixed_k
+        self.max_k = config.drafting.max_k
         cfg = self.model.cfg
         per_token = KVPool.bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim,
                                            self.model.cache_dtype)
-        num_blocks = config.kv_cache_bytes // (per_token * config.block_size)
+        num_blocks = cache.kv_cache_bytes // (per_token * cache.block_size)
         if num_blocks < 1:
-            raise ValueError(f"kv_cache_bytes={config.kv_cache_bytes} holds no block of "
-                             f"{config.block_size} tokens ({per_token * config.block_size} bytes)")
-        self.pool = self.model.new_pool(num_blocks, config.block_size)
-        self._metrics = DecodeMetrics(lossy=config.acceptance_threshold < 1.0)
+            raise ValueError(f"kv_cache_bytes={cache.kv_cache_bytes} holds no block of "
+                             f"{cache.block_size} tokens ({per_token * cache.block_size} bytes)")
+        self.pool = self.model.new_pool(num_blocks, cache.block_size)
+        self._lossy = config.drafting.acceptance_threshold < 1.0
+        self._metrics = DecodeMetrics(lossy=self._lossy)
         self._batch = BatchMetrics()
         self._metrics_lock = threading.Lock()
-        self.scheduler = Scheduler(self.pool, config, max(config.max_batch_tokens, self.max_k + 1),
+        self.scheduler = Scheduler(self.pool, config.scheduling, cache.prefix_cache,
+                                   max(config.scheduling.max_batch_tokens, self.max_k + 1),
                                    self._batch, self._metrics_lock)
         self.drafter = self._make_drafter()
         self._policy: AdaptiveK | None = None
@@ -129,7 +132,8 @@ class NativeEngine(BaseEngine):
         self._worker.start()
 
     def _make_drafter(self) -> Drafter | None:
-        kind, draft_model, dtype = self.config.drafter, self.config.draft_model, self.config.dtype
+        drafting, dtype = self.config.drafting, self.config.target.dtype
+        kind, draft_model = drafting.drafter, drafting.draft_model
         if kind is None or self.fixed_k == 0:
             return None
         if not isinstance(kind, str):
@@ -161,11 +165,11 @@ class NativeEngine(BaseEngine):
 
     def _eagle_drafter(self) -> EagleDrafter:
         """The learned head for this target (refused when trained for another one)."""
-        name = model_name(self.model_name)
-        if self.config.draft_head is None and name is None:
-            raise ValueError(f"drafter={self.config.drafter!r} for the local model "
+        name, drafting = model_name(self.model_name), self.config.drafting
+        if drafting.draft_head is None and name is None:
+            raise ValueError(f"drafter={drafting.drafter!r} for the local model "
                              f"{self.model_name}: pass draft_head (a head directory)")
-        where = Path(self.config.draft_head) if self.config.draft_head is not None else head_dir(name)
+        where = Path(drafting.draft_head) if drafting.draft_head is not None else head_dir(name)
         head = DraftHead.load(where)
         check_target(head.config, name, self.model.cfg, str(where))
         return EagleDrafter(head, self.model.embed)
@@ -274,8 +278,8 @@ class NativeEngine(BaseEngine):
     # -------------------------------------------------------------------------- worker
 
     def _work(self) -> None:
-        if self.config.threads:
-            torch.set_num_threads(self.config.threads)
+        if self.config.target.threads:
+            torch.set_num_threads(self.config.target.threads)
         scheduler = self.scheduler
         with torch.inference_mode():
             while True:
@@ -332,14 +336,15 @@ class NativeEngine(BaseEngine):
         if self.pool.blocks_for(len(prompt) + 1) > self.pool.num_blocks:
             raise EngineError(
                 f"prompt of {len(prompt)} tokens needs more KV cache than the whole budget holds "
-                f"({self.pool.capacity_tokens} tokens in kv_cache_bytes={self.config.kv_cache_bytes})")
+                f"({self.pool.capacity_tokens} tokens in kv_cache_bytes="
+                f"{self.config.kv_cache.kv_cache_bytes})")
         # what the context can hold bounds the output before any per-request state is built
         context = min(self.max_seq_len, self.pool.capacity_tokens)
         if job.params.max_tokens > context - len(prompt):
             job.params = dataclasses.replace(job.params, max_tokens=context - len(prompt))
         params = job.params
         uniforms = Uniforms(self._seed_for(params), params.max_tokens + self.max_k + 2, self.device)
-        metrics = DecodeMetrics(lossy=self.config.acceptance_threshold < 1.0)
+        metrics = DecodeMetrics(lossy=self._lossy)
         seq = RequestState(job, prompt, next(self._arrivals), uniforms,
                            OutputText(self.tokenizer, params), metrics)
         if job.forced_text is not None:
@@ -474,7 +479,7 @@ class NativeEngine(BaseEngine):
             accepted, token = forced_verify(drafted, seq.forced, seq.produced)
         else:
             accepted, token = verify(drafted, draft or Draft([]), logits, seq.params, seq.uniforms,
-                                     seq.produced, self.config.acceptance_threshold)
+                                     seq.produced, self.config.drafting.acceptance_threshold)
         new_tokens = drafted[:accepted] + [token]
         if features is not None and seq.state is not None:  # rejected draft rows are dropped
             seq.state.add_features(seq.computed, features[:n if not decode else 1 + accepted])

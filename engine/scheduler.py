@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from .drafters.base import Draft, common_prefix
 from .kv_cache import KVPool
 from .metrics import BatchMetrics
-from .native_config import NativeConfig
+from .native_config import SchedulingOptions
 from .sequence import RequestState
 
 
@@ -63,16 +63,15 @@ class StepRows:
 
 class Scheduler:
     """Waiting and running requests over one `KVPool` (see the module docstring), as
-    ``config`` says, with at most ``max_batch_tokens`` rows a step. Runs on the engine's worker
-    thread only; ``stats`` (guarded by ``lock``) gets its admission, prefix-hit and preemption
-    counts."""
+    ``options`` say, with at most ``max_batch_tokens`` rows a step and the prefix cache on or
+    off. Runs on the engine's worker thread only; ``stats`` (guarded by ``lock``) gets its
+    admission, prefix-hit and preemption counts."""
 
-    def __init__(self, pool: KVPool, config: NativeConfig, max_batch_tokens: int,
-                 stats: BatchMetrics, lock: threading.Lock):
+    def __init__(self, pool: KVPool, options: SchedulingOptions, prefix_cache: bool,
+                 max_batch_tokens: int, stats: BatchMetrics, lock: threading.Lock):
         self.pool = pool
-        self.config = config
-        """Read for ``prefix_cache``, ``prefill_chunk``, ``max_num_seqs``, ``priority_share``
-        and ``background_prefill_tokens``."""
+        self.options = options
+        self.prefix_cache = prefix_cache
         self.max_batch_tokens = max_batch_tokens
         self.stats, self.lock = stats, lock
         self.waiting: list[RequestState] = []
@@ -115,7 +114,7 @@ class Scheduler:
         cache."""
         admitted = []
         for seq in sorted(self.waiting, key=lambda s: s.order):
-            if len(self.running) >= self.config.max_num_seqs:
+            if len(self.running) >= self.options.max_num_seqs:
                 break
             if self._prefix_in_flight(seq):
                 continue
@@ -130,7 +129,7 @@ class Scheduler:
         return admitted
 
     def _prefix_in_flight(self, seq: RequestState) -> bool:
-        if not self.config.prefix_cache:
+        if not self.prefix_cache:
             return False
         bs = self.pool.block_size
         for other in self.running:
@@ -145,7 +144,7 @@ class Scheduler:
         pool = self.pool
         limit = len(seq.tokens) - 1  # the last token is always run: its logits are needed
         hits, chain, partial, partial_n = [], KVPool.ROOT, None, 0
-        if self.config.prefix_cache:
+        if self.prefix_cache:
             hits, chain, partial, partial_n = pool.match(seq.tokens, limit)
         pool.take(hits)
         if partial is not None:
@@ -247,10 +246,10 @@ class Scheduler:
         for seq in selection.order:
             if seq.decoding or seq not in self.running:
                 continue
-            chunk = min(len(seq.tokens) - seq.computed, self.config.prefill_chunk,
+            chunk = min(len(seq.tokens) - seq.computed, self.options.prefill_chunk,
                         self.max_batch_tokens - used)
             if selection.throttled and seq.priority > selection.urgent:
-                chunk = min(chunk, self.config.background_prefill_tokens - background)
+                chunk = min(chunk, self.options.background_prefill_tokens - background)
                 background += max(chunk, 0)
             if chunk <= 0:
                 continue
@@ -287,8 +286,8 @@ class Scheduler:
         if not selection.throttled:
             self.credit = 0.0
         elif selection.shared:
-            self.credit += self.urgent_alone_s / self.config.priority_share - seconds
+            self.credit += self.urgent_alone_s / self.options.priority_share - seconds
         else:
             self.urgent_alone_s = (seconds if self.urgent_alone_s == 0.0
                                    else 0.8 * self.urgent_alone_s + 0.2 * seconds)
-            self.credit += seconds / self.config.priority_share - seconds
+            self.credit += seconds / self.options.priority_share - seconds

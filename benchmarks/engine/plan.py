@@ -5,7 +5,6 @@ being importable."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -77,7 +76,7 @@ def native_options(value: str) -> dict[str, Any]:
     if "method" in options:
         raise ValueError("--drafter-config for --engine native takes NativeConfig options only; the "
                          "method is the system's (ngram, suffix, draft): pick it with --systems")
-    known = {f.name for f in dataclasses.fields(NativeConfig)} - set(_NATIVE_FIXED_OPTIONS)
+    known = set(NativeConfig.options()) - set(_NATIVE_FIXED_OPTIONS)
     unknown = sorted(set(options) - known)
     if unknown:
         raise ValueError(f"--drafter-config: NativeEngine has no option {unknown}; "
