@@ -3,8 +3,8 @@
 `StepCosts` is what a target forward over n rows costs on this machine (measured at start-up,
 scaled by the load seen since); `AdaptiveK` keeps per-position acceptance estimates per match
 length and picks the k that maximises expected tokens per second; `plan_draft_lengths` shares
-one batched step's rows among its requests; `choose_drafts` applies all that to the requests
-decoding in a step.
+one batched step's rows among its requests (`drafting.choose_drafts` applies all that to the
+requests decoding in a step).
 """
 
 from __future__ import annotations
@@ -12,15 +12,10 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import torch
 
-from .drafters.base import Draft
 from .llama import SequenceCache, Transformer, synchronize
-
-if TYPE_CHECKING:
-    from .sequence import RequestState
 
 
 class StepCosts:
@@ -217,8 +212,6 @@ class AdaptiveK:
             seen[i] = self.decay * seen[i] + 1.0
 
 
-
-
 def plan_draft_lengths(chains: list[list[float]], base_tokens: int, base_rows: int,
                        cost: Callable[[int], float], draft_cost: float = 0.0) -> list[int]:
     """Draft lengths for the sequences of one batched step, chosen together.
@@ -253,104 +246,3 @@ def plan_draft_lengths(chains: list[list[float]], base_tokens: int, base_rows: i
     for _, i in candidates[:best_m]:
         lengths[i] += 1
     return lengths
-
-
-def _chain(accept: list[float], limit: int) -> list[float]:
-    """Probabilities that the first 1, 2, ... ``limit`` draft tokens are all accepted."""
-    chain, p = [], 1.0
-    for a in accept[:limit]:
-        p *= a
-        chain.append(p)
-    return chain
-
-
-def choose_drafts(decoding: list[RequestState], policy: AdaptiveK | None, lookup: bool,
-                  fixed_k: int | None, max_k: int, max_seq_len: int, hybrid: bool = False,
-                  draft_many: Callable[[list, list[int]], list[Draft]] | None = None
-                  ) -> dict[RequestState, tuple[list[int], Draft]]:
-    """Each decoding sequence's draft for this step: ``(the tokens to verify, the whole
-    draft)``. Without ``policy``, ``fixed_k`` tokens. Model drafts (``lookup`` False) cost a
-    forward per token, so k is chosen before drafting: for one sequence as `AdaptiveK.choose`
-    says, for several together (`plan_draft_lengths` with the drafter's cost), since
-    ``draft_many`` (the drafter's, where it has one) drafts them all with one batched forward
-    per position. Lookups are cheap, so every match is drafted first and the k's are chosen
-    together. Either way the most urgent requests plan as if alone (less urgent rows must not
-    make the urgent stream draft less), the others around what those use. ``hybrid`` (a state
-    with ``lookup_draft`` and ``model_draft``): per sequence, the lookup's draft when it
-    matched 4 or more tokens and such matches are mostly accepted (the first token at least
-    half the time), or when its best expected tokens per second (acceptance of its match
-    length, no draft cost) is at least the model's (acceptance of model drafts, the model's
-    cost per token at the sequence's length); else the model's. (Comparing rates alone, a
-    model drafter accepted nearly always, the int8 twin, took steps from long lookups:
-    `hybrid-twin` fell below `suffix` on agent code.)"""
-    if policy is not None:
-        policy.next_step()
-    plans: dict[RequestState, tuple[list[int], Draft]] = {}
-    lookups: list[tuple[RequestState, Draft]] = []
-    models: dict[RequestState, int] = {}  # model drafts: the most tokens each may take
-    for seq in decoding:
-        room = min(seq.params.max_tokens - seq.produced - 1, max_seq_len - seq.computed - 1)
-        if seq.state is None or room <= 0:
-            plans[seq] = ([], Draft([]))
-        elif policy is None and (lookup or hybrid):
-            draft = seq.state.draft(min(fixed_k, room))
-            plans[seq] = (draft.tokens[:min(fixed_k, room)], draft)
-        elif policy is None:
-            models[seq] = min(fixed_k, room)
-        elif hybrid:
-            found = seq.state.lookup_draft(min(room, max_k))
-            bucket = AdaptiveK.bucket_of(found.match_len)
-            long_match = bucket == AdaptiveK.BUCKETS - 1 and policy.accept(bucket)[0] >= 0.5
-            if found.tokens and (long_match or policy.best_rate(len(found.tokens), bucket, 0.0)
-                                 >= policy.best_rate(room, 0, policy.draft_cost(seq.computed))):
-                lookups.append((seq, found))
-            else:
-                models[seq] = room
-        elif not lookup:
-            models[seq] = room
-        else:
-            lookups.append((seq, seq.state.draft(min(room, max_k))))
-    model_k = dict(models) if policy is None else {}
-    if policy is not None:
-        urgent = min((seq.priority for seq in decoding), default=0)
-        first_rows = sum(1 for seq in decoding if seq.priority == urgent)
-        rows = first_rows
-        for tokens, is_urgent in ((first_rows, True), (len(decoding) - first_rows, False)):
-            group = [seq for seq in models if (seq.priority == urgent) == is_urgent]
-            if len(models) == 1 and group:
-                seq = group[0]
-                model_k[seq] = policy.choose(models[seq],
-                                             draft_cost=policy.draft_cost(seq.computed))
-            elif group:
-                base = rows if is_urgent else rows + tokens
-                chains = [_chain(policy.accept(0), min(models[seq], policy.max_k)) for seq in group]
-                context = sum(seq.computed for seq in group) // len(group)
-                lengths = plan_draft_lengths(chains, max(tokens, 1), base, policy.costs,
-                                             policy.draft_cost(context))
-                for seq, k in zip(group, lengths):
-                    model_k[seq] = policy.probe(k, min(models[seq], policy.max_k))
-            rows += sum(model_k.get(seq, 0) for seq in group)
-            looks = [x for x in lookups if (x[0].priority == urgent) == is_urgent]
-            if not looks:
-                continue
-            chains = [_chain(policy.accept(AdaptiveK.bucket_of(d.match_len)), len(d.tokens))
-                      for _, d in looks]
-            base = rows if is_urgent else rows + tokens
-            lengths = plan_draft_lengths(chains, max(tokens, 1), base, policy.costs)
-            for (seq, draft), k in zip(looks, lengths):
-                k = policy.probe(k, len(draft.tokens), AdaptiveK.bucket_of(draft.match_len))
-                plans[seq] = (draft.tokens[:k], draft)
-                rows += k
-    drafting = [seq for seq, k in model_k.items() if k > 0]
-    for seq in model_k:
-        plans.setdefault(seq, ([], Draft([])))
-    if drafting:
-        states, ks = [seq.state for seq in drafting], [model_k[seq] for seq in drafting]
-        if draft_many is not None:
-            drafts = draft_many(states, ks)
-        else:
-            one = (lambda s, k: s.model_draft(k)) if hybrid else (lambda s, k: s.draft(k))
-            drafts = [one(s, k) for s, k in zip(states, ks)]
-        for seq, k, draft in zip(drafting, ks, drafts):
-            plans[seq] = (draft.tokens[:k], draft)
-    return plans

@@ -183,8 +183,7 @@ class KVPool:
 
     def forget(self) -> None:
         """Empty the prefix index: every block not in use becomes free (only while no indexed
-        block is in use; a block held outside the index, such as a drafter's scratch block,
-        stays its holder's)."""
+        block is in use; a block held outside the index stays its holder's)."""
         held = [b for b in self._meta if self._ref[b] > 0]
         if held:
             raise ValueError(f"cannot empty the prefix index: {len(held)} indexed blocks are in use")

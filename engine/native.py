@@ -10,12 +10,14 @@ A step, and who decides each part of it:
 
 1. which requests take part, and prefix-cache hits and preemptions on admission:
    `scheduler.Scheduler` (``admit``, ``select``);
-2. how many drafted tokens each decoding request verifies: `draft_policy.choose_drafts`
-   (adaptive k over measured `StepCosts`);
-3. the rows of the step within the token and KV budgets: `Scheduler.rows`;
-4. one forward over all rows: `Transformer.forward`;
-5. which drafted tokens each request keeps: `verify.verify` (or `verify.forced_verify`);
-6. streaming the accepted text, finishing or releasing the request: here (`NativeEngine._advance`).
+2. what each decoding request would verify: `drafting.choose_drafts` (lookups drafted, model
+   draft lengths chosen; adaptive k over measured `StepCosts`);
+3. the step's plan within the token and KV budgets: `Scheduler.plan` (a `StepPlan`);
+4. executing it, here (`NativeEngine._step`): the model drafts into the rows reserved for them
+   (`drafting.draft_models`), one forward over all rows (`Transformer.forward`), then per
+   request which drafted tokens it keeps (`verify.verify` or `verify.forced_verify`), what its
+   cache now holds (`Scheduler.written`), and streaming the accepted text, finishing or
+   releasing the request (`NativeEngine._advance`).
 
 With the CPU kernels every row's logits depend only on its own request's tokens, so a request's
 output is the same alone or in any batch, with or without drafts, cached prefixes or preemption.
@@ -40,8 +42,8 @@ from typing import Any
 import torch
 
 from .base import BaseEngine, Delta, EngineError, Message, SamplingParams, Usage, check_messages
-from .draft_policy import AdaptiveK, StepCosts, choose_drafts
-from .drafters.base import Draft, Drafter, DraftSampling
+from .draft_policy import AdaptiveK, StepCosts
+from .drafters.base import Draft, Drafter, DraftSampling, missing_members
 from .drafters.eagle import EagleDrafter
 from .drafters.hybrid import HybridDrafter
 from .drafters.model import ModelDrafter
@@ -53,9 +55,11 @@ from .kv_cache import KVPool
 from .llama import SeqRows, Transformer, synchronize
 from .metrics import BatchMetrics, DecodeMetrics
 from .models import resolve
+from .drafting import choose_drafts, draft_models
 from .native_config import NativeConfig
-from .scheduler import Scheduler, StepRows
+from .scheduler import Scheduler
 from .sequence import Job, OutputText, RequestState
+from .step_plan import DecodeRows, PrefillRows
 from .tokenizer import ChatTokenizer
 from .verify import Uniforms, forced_verify, verify
 
@@ -137,6 +141,10 @@ class NativeEngine(BaseEngine):
         if kind is None or self.fixed_k == 0:
             return None
         if not isinstance(kind, str):
+            missing = missing_members(kind)
+            if missing:
+                raise ValueError(f"drafter {kind!r} is not a Drafter: it lacks {missing} "
+                                 "(engine.drafters.DrafterDefaults has the usual ones)")
             return kind
         if kind == "ngram":
             return NgramDrafter()
@@ -240,9 +248,6 @@ class NativeEngine(BaseEngine):
         engine is closed, or when a custom drafter has no ``reset()``."""
         if self._closed:
             raise EngineError("engine is closed")
-        if drafter and self.drafter is not None and not callable(getattr(self.drafter, "reset", None)):
-            raise EngineError(f"drafter {self.drafter.name!r} has no reset(): its cross-request "
-                              f"state cannot be cleared (pass drafter=False to keep it)")
         done: concurrent.futures.Future = concurrent.futures.Future()
         self._jobs.put(_Reset(prefix_cache, drafter, done))
         while True:
@@ -365,12 +370,15 @@ class NativeEngine(BaseEngine):
         if self.scheduler.in_flight():
             raise EngineError(f"reset refused: {self.scheduler.in_flight()} "
                               "request(s) in flight; finish or cancel them first")
-        self.scheduler.forget(item.prefix_cache)
-        if item.drafter:
-            if self.drafter is not None:
+        if item.drafter and self.drafter is not None:
+            try:  # first: a drafter that cannot forget leaves everything as it was
                 self.drafter.reset()
-            if self._policy is not None:
-                self._policy.forget()
+            except NotImplementedError:
+                raise EngineError(f"drafter {self.drafter.name!r} has no reset(): its cross-request "
+                                  "state cannot be cleared (pass drafter=False to keep it)") from None
+        self.scheduler.forget(item.prefix_cache)
+        if item.drafter and self._policy is not None:
+            self._policy.forget()
 
     def _seed_for(self, params: SamplingParams) -> int:
         if params.seed is not None:
@@ -386,7 +394,7 @@ class NativeEngine(BaseEngine):
             costs = StepCosts.measure(self.model, max(self.max_k + 1, 32))
             self.drafter.draft_cost()  # measured now, not inside a step
             self._policy = AdaptiveK(costs, self.max_k, self.drafter.draft_cost,
-                                     model_prior=getattr(self.drafter, "acceptance_prior", None))
+                                     model_prior=self.drafter.acceptance_prior)
         return self._policy
 
     def _start_drafting(self, seq: RequestState) -> None:
@@ -397,109 +405,99 @@ class NativeEngine(BaseEngine):
                 params.temperature, params.top_k, params.top_p, seq.uniforms.draft_generator))
             if seq.produced:
                 seq.state.extend(seq.tokens[seq.prompt_len:])
-            attach = getattr(seq.state, "attach", None)
-            if attach is not None:  # a state that drafts in the request's own KV blocks
-                attach(seq)
 
     # ------------------------------------------------------------------------------ step
 
     def _step(self) -> None:
-        """One forward for the requests taking part (`Scheduler.select`): decode rows (last
-        token + draft) first, then prefill chunks in priority order within the step's token
-        budget; then each request's verification and stream."""
+        """Make the step's plan (`Scheduler.select`, `choose_drafts`, `Scheduler.plan`) and
+        execute it: model drafts, one forward, then each request's verification and stream."""
         policy = self._policy_for()  # measures step costs on first use, outside the timings
         t0 = time.perf_counter()
         selection = self.scheduler.select()
-        lookup = self.drafter is not None and self.drafter.lookup
-        drafts = choose_drafts(selection.decoding, policy, lookup, self.fixed_k, self.max_k,
-                               self.max_seq_len, getattr(self.drafter, "hybrid", False),
-                               getattr(self.drafter, "draft_many", None))
-        t1 = time.perf_counter()
-        entries = self.scheduler.rows(selection, drafts)
-        if not entries:
+        choices = choose_drafts(selection.decoding, self.drafter, policy, self.max_k, self.max_seq_len)
+        plan = self.scheduler.plan(selection, choices)
+        if not plan.groups:
             return
-        tokens, rows, logit_rows, row = [], [], [], 0
-        for e in entries:
-            seq = e.seq
-            tokens.extend([seq.tokens[-1], *e.drafted] if e.decode
-                          else seq.tokens[seq.computed:seq.computed + e.n])
-            rows.append(SeqRows(seq.computed, e.n, seq.block_table()))
-            if seq.computed + e.n >= len(seq.tokens):  # reaches the last known token: sample
-                first = row + (len(seq.tokens) - 1 - seq.computed)
-                logit_rows.extend(range(first, row + e.n))
-            row += e.n
-        token_tensor = torch.tensor(tokens, dtype=torch.long, device=self.device)
-        capture = getattr(self.drafter, "features", ())
-        logits = self.model(token_tensor, rows, self.pool, torch.tensor(logit_rows, dtype=torch.long),
-                            capture)
+        if self.drafter is not None:
+            draft_models(self.drafter, plan.decode)
+        t1 = time.perf_counter()
+        inputs = plan.inputs(self.device)
+        capture = self.drafter.features if self.drafter is not None else ()
+        logits = self.model(inputs.tokens, inputs.rows, self.pool, inputs.logit_rows, capture)
         features = None
         if capture:
             logits, features = logits
         synchronize(self.device)
         t2 = time.perf_counter()
         forward_s = t2 - t1
+        rows = plan.rows
         if policy is not None:
-            policy.costs.observe(row, forward_s)
+            policy.costs.observe(rows, forward_s)
         self.scheduler.account(selection, t2 - t0)
+        self._record_step(t2, len(plan.groups), rows)
+        for group, seq_logits, seq_features in plan.outputs(logits, features):
+            if seq_logits is None:  # a prefill chunk short of the last token
+                self._prefilled(group, seq_features)
+            else:
+                self._advance(group, seq_logits, policy, t1 - t0, forward_s, seq_features)
+
+    def _record_step(self, at: float, sequences: int, rows: int) -> None:
+        """Count one step of ``sequences`` requests and ``rows`` rows, ending at ``at``."""
         with self._metrics_lock:
             b = self._batch
             b.steps += 1
-            b.rows += row
-            b.sequences += len(entries)
-            b.max_batch = max(b.max_batch, len(entries))
-            b.timeline.append((t2 - self._started, len(entries), row))
+            b.rows += rows
+            b.sequences += sequences
+            b.max_batch = max(b.max_batch, sequences)
+            b.timeline.append((at - self._started, sequences, rows))
             if len(b.timeline) > 4096:
                 del b.timeline[:1024]
-        at = first_row = 0
-        for e in entries:
-            seq = e.seq
-            seq_features = None if features is None else features[first_row:first_row + e.n]
-            first_row += e.n
-            if seq.computed + e.n < len(seq.tokens):  # a prefill chunk short of the last token
-                if seq_features is not None and seq.state is not None:
-                    seq.state.add_features(seq.computed, seq_features)
-                seq.metrics.prefill_tokens += e.n
-                with self._metrics_lock:
-                    self._batch.prefill_tokens += e.n
-                seq.computed += e.n
-                self.scheduler.index_full(seq)
-                continue
-            sampled = len(e.drafted) + 1
-            seq_logits = logits[at:at + sampled][None]
-            at += sampled
-            self._advance(e, seq_logits, policy, t1 - t0, forward_s, seq_features)
 
-    def _advance(self, rows: StepRows, logits: torch.Tensor, policy: AdaptiveK | None,
-                 draft_s: float, forward_s: float, features: torch.Tensor | None = None) -> None:
-        """Verify a request's rows of this step, append what was accepted and stream it
-        (``features``: the rows' captured target features, for a drafter that reads them)."""
-        seq, n, drafted, draft, decode = rows.seq, rows.n, rows.drafted, rows.draft, rows.decode
+    def _prefilled(self, rows: PrefillRows, features: torch.Tensor | None) -> None:
+        """A prompt chunk short of the last token ran: count it (``features``: its captured
+        rows, for a drafter that reads them)."""
+        seq = rows.seq
+        if features is not None and seq.state is not None:
+            seq.state.add_features(seq.computed, features)
+        self._count_prefill(seq, rows.n)
+        self.scheduler.written(seq, rows.n)
+
+    def _count_prefill(self, seq: RequestState, n: int) -> None:
+        seq.metrics.prefill_tokens += n
+        with self._metrics_lock:
+            self._batch.prefill_tokens += n
+
+    def _advance(self, rows: DecodeRows | PrefillRows, logits: torch.Tensor,
+                 policy: AdaptiveK | None, draft_s: float, forward_s: float,
+                 features: torch.Tensor | None = None) -> None:
+        """Verify a request's rows of this step (its decode rows, or the prompt chunk that
+        reached its last token), append what was accepted and stream it (``features``: the
+        rows' captured target features, for a drafter that reads them)."""
+        seq, decode = rows.seq, isinstance(rows, DecodeRows)
+        drafted, draft = (rows.drafted, rows.draft) if decode else ([], Draft([]))
         t = time.perf_counter()
         if seq.forced is not None:  # teacher forcing: the script is the target
             accepted, token = forced_verify(drafted, seq.forced, seq.produced)
         else:
-            accepted, token = verify(drafted, draft or Draft([]), logits, seq.params, seq.uniforms,
+            accepted, token = verify(drafted, draft, logits, seq.params, seq.uniforms,
                                      seq.produced, self.config.drafting.acceptance_threshold)
         new_tokens = drafted[:accepted] + [token]
+        written = 1 + accepted if decode else rows.n
         if features is not None and seq.state is not None:  # rejected draft rows are dropped
-            seq.state.add_features(seq.computed, features[:n if not decode else 1 + accepted])
+            seq.state.add_features(seq.computed, features[:written])
         m = seq.metrics
         if not decode:
-            m.prefill_tokens += n
-            with self._metrics_lock:
-                self._batch.prefill_tokens += n
-            seq.computed += n
+            self._count_prefill(seq, rows.n)
         else:
-            seq.computed += 1 + accepted
             m.record_step(len(drafted), accepted)
             m.draft_s += draft_s
             m.verify_s += forward_s
-            if policy is not None and drafted and draft is not None:
+            if policy is not None and drafted:
                 policy.observe(len(drafted), accepted, AdaptiveK.bucket_of(draft.match_len))
         seq.tokens.extend(new_tokens)
         if seq.state is not None:
             seq.state.extend(new_tokens)
-        self.scheduler.index_full(seq)
+        self.scheduler.written(seq, written)
         m.sample_s += time.perf_counter() - t
         if m.prefill_s == 0.0:
             m.prefill_s = time.perf_counter() - seq.admitted_at

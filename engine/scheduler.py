@@ -16,49 +16,24 @@ The `Scheduler` owns the requests waiting and running and their blocks of the `K
   shared step spends what it took beyond an urgent-only one, and shared steps run while the
   credit is not negative; less urgent prompts prefill at most ``background_prefill_tokens`` per
   shared step.
-* **A step's rows.** Decoding requests feed their last token and draft, prefilling ones a chunk
-  of their prompt, within ``max_batch_tokens`` rows.
+* **A step's plan.** `plan` turns the step's requests and their drafts into a `StepPlan`:
+  decoding requests feed their last token and draft (blocks grown for them, the draft cut to
+  what fits), prefilling ones a chunk of their prompt, within ``max_batch_tokens`` rows. After
+  the step, `written` counts the positions that now hold keys and values.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
 
-from .drafters.base import Draft, common_prefix
+from .drafters.base import common_prefix
 from .kv_cache import KVPool
 from .metrics import BatchMetrics
 from .native_config import SchedulingOptions
 from .sequence import RequestState
-
-
-@dataclass
-class Selection:
-    """The requests that take part in a step (`Scheduler.select`)."""
-
-    order: list[RequestState]
-    """Running requests in scheduling order (the less urgent ones left out of an urgent-only
-    step)."""
-    decoding: list[RequestState]
-    urgent: int | None
-    """The most urgent priority among decoding requests (None: none decodes)."""
-    throttled: bool
-    """Less urgent requests run beside a decoding urgent one."""
-    shared: bool
-    """This step includes them (the credit allows it)."""
-
-
-@dataclass
-class StepRows:
-    """One request's rows in a step: ``n`` rows, its last token plus ``drafted`` when it
-    decodes, else a chunk of its prompt."""
-
-    seq: RequestState
-    n: int
-    drafted: list[int]
-    draft: Draft | None
-    decode: bool
+from .step_plan import DecodeRows, DraftChoice, PrefillRows, Selection, StepPlan
 
 
 class Scheduler:
@@ -195,6 +170,12 @@ class Scheduler:
 
     # ------------------------------------------------------------------- prefix index
 
+    def written(self, seq: RequestState, n: int) -> None:
+        """``n`` more positions of ``seq`` hold keys and values (its tokens already extended
+        past them): count them and index the blocks that became full."""
+        seq.computed += n
+        self.index_full(seq)
+
     def index_full(self, seq: RequestState) -> None:
         """Register ``seq``'s blocks that became full of known tokens in the prefix index."""
         bs = self.pool.block_size
@@ -224,24 +205,32 @@ class Scheduler:
             order = [s for s in order if s.priority <= urgent]
         return Selection(order, [s for s in order if s.decoding], urgent, throttled, shared)
 
-    def rows(self, selection: Selection, drafts: dict[RequestState, tuple[list[int], Draft]]
-             ) -> list[StepRows]:
-        """The step's rows: each decoding request's last token and draft (``drafts``, cut to
-        the blocks it can get; a request that can get none waits again), then prefill chunks
-        in scheduling order within ``max_batch_tokens``."""
-        entries: list[StepRows] = []
-        used = 0
+    def plan(self, selection: Selection, drafts: Mapping[RequestState, DraftChoice]) -> StepPlan:
+        """The step's `StepPlan`: each decoding request's last token and draft (``drafts``),
+        blocks grown for them and the draft cut to the rows that fit (a request that can get
+        none waits again), then prefill chunks in scheduling order within
+        ``max_batch_tokens``."""
+        decode: list[DecodeRows] = []
         for seq in selection.decoding:
             if seq not in self.running:
                 continue
-            drafted, draft = drafts[seq]
-            rows = self._grow(seq, 1 + len(drafted))
+            choice = drafts[seq]
+            rows = self._grow(seq, choice.rows)
             if rows == 0:
                 if seq in self.running:  # more urgent requests hold every block: wait
                     self._preempt(seq)
                 continue
-            entries.append(StepRows(seq, rows, drafted[:rows - 1], draft, True))
-            used += rows
+            drafted = choice.tokens[:rows - 1]
+            decode.append(DecodeRows(seq, drafted, choice.draft,
+                                     min(choice.model_k, rows - 1 - len(drafted))))
+        used = sum(r.n for r in decode)
+        return StepPlan(selection, decode, self._prefill(selection, used))
+
+    def _prefill(self, selection: Selection, used: int) -> list[PrefillRows]:
+        """Prompt chunks of the prefilling requests, in scheduling order, within what
+        ``used`` rows leave of ``max_batch_tokens`` (less urgent requests beside an urgent
+        stream: ``background_prefill_tokens`` in all)."""
+        chunks: list[PrefillRows] = []
         background = 0
         for seq in selection.order:
             if seq.decoding or seq not in self.running:
@@ -253,9 +242,9 @@ class Scheduler:
                 background += max(chunk, 0)
             if chunk <= 0:
                 continue
-            entries.append(StepRows(seq, chunk, [], None, False))
+            chunks.append(PrefillRows(seq, chunk))
             used += chunk
-        return entries
+        return chunks
 
     def _grow(self, seq: RequestState, rows: int) -> int:
         """Make blocks hold ``rows`` more rows of ``seq`` (fewer when the pool runs out; less

@@ -20,10 +20,10 @@ import torch.nn.functional as F
 from agentrt.kernels import probs_from_logits, sample
 
 from ..eagle.head import DraftHead, HeadCache
-from .base import Draft, DraftSampling, best_time, common_prefix
+from .base import Draft, DrafterDefaults, DraftSampling, best_time, common_prefix
 
 
-class EagleDrafter:
+class EagleDrafter(DrafterDefaults):
     """Drafts chains of tokens with a trained head over ``embed`` (the target's embedding).
 
     Greedy requests get the head's argmax; sampled ones sample the head's distribution (over

@@ -6,19 +6,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from .base import Draft, Drafter, DrafterState, DraftSampling
+from .base import Draft, Drafter, DrafterDefaults, DrafterState, DraftSampling, DraftSlots
 from .suffix import SuffixDrafter
 
 if TYPE_CHECKING:
     import torch
 
 
-class HybridDrafter:
-    """Per step, the suffix lookup's draft or ``model``'s: `draft_policy.choose_drafts` compares
+class HybridDrafter(DrafterDefaults):
+    """Per step, the suffix lookup's draft or ``model``'s: `drafting.choose_drafts` compares
     the expected tokens per second of each (the lookup's acceptance by match length, the
     model's with its measured cost per token). Without adaptive k, the lookup drafts when it
     matched at least `min_match` tokens. ``name``: ``"hybrid"`` with the head, else
-    ``"hybrid-" + model.name``."""
+    ``"hybrid-" + model.name``. What the model drafter declares (features, acceptance prior,
+    writes to the target's cache) holds for the hybrid."""
 
     lookup = False
     hybrid = True
@@ -26,11 +27,10 @@ class HybridDrafter:
     def __init__(self, model: Drafter, suffix: SuffixDrafter | None = None, min_match: int = 4):
         self.model = model
         self.suffix = suffix or SuffixDrafter()
-        self.features: tuple[int, ...] = tuple(getattr(model, "features", ()))
-        """The target layers the model drafter reads (the head's; none for the twin)."""
         self.min_match = min_match
-        self.acceptance_prior: float | None = getattr(model, "acceptance_prior", None)
-        """The model drafter's (see `TwinDrafter.acceptance_prior`)."""
+        self.features = model.features
+        self.acceptance_prior = model.acceptance_prior
+        self.writes_target_cache = model.writes_target_cache
         self.name = "hybrid" if model.name == "eagle" else f"hybrid-{model.name}"
 
     def begin(self, prompt_ids: Sequence[int], sampling: DraftSampling | None = None) -> HybridState:
@@ -41,12 +41,10 @@ class HybridDrafter:
         """The model drafter's cost per drafted token (lookups cost nothing)."""
         return self.model.draft_cost(context)
 
-    def draft_many(self, states: Sequence[HybridState], ks: Sequence[int]) -> list[Draft]:
-        """The model drafter's drafts of several requests (batched where it can batch them)."""
-        many = getattr(self.model, "draft_many", None)
-        if many is not None:
-            return many([s.model for s in states], ks)
-        return [s.model.draft(k) for s, k in zip(states, ks)]
+    def draft_many(self, states: Sequence[HybridState], ks: Sequence[int],
+                   slots: Sequence[DraftSlots | None]) -> list[Draft]:
+        """The model drafter's drafts of several requests."""
+        return self.model.draft_many([s.model for s in states], ks, slots)
 
     def remember(self, token_ids: Sequence[int]) -> None:
         self.suffix.remember(token_ids)
@@ -61,6 +59,7 @@ class HybridState:
 
     def __init__(self, drafter: HybridDrafter, lookup: DrafterState, model: DrafterState):
         self.drafter, self.lookup, self.model = drafter, lookup, model
+        self.min_match = drafter.min_match
 
     def extend(self, token_ids: Sequence[int]) -> None:
         self.lookup.extend(token_ids)
@@ -69,24 +68,19 @@ class HybridState:
     def add_features(self, start: int, rows: torch.Tensor) -> None:
         self.model.add_features(start, rows)
 
-    def attach(self, request: object) -> None:
-        """Hand the request to a model state that drafts in its KV blocks (the twin's)."""
-        attach = getattr(self.model, "attach", None)
-        if attach is not None:
-            attach(request)
-
     def lookup_draft(self, k: int) -> Draft:
         """The suffix lookup's proposal (with its match length)."""
         return self.lookup.draft(k)
 
     def model_draft(self, k: int) -> Draft:
-        """The model drafter's proposal."""
+        """The model drafter's proposal (a drafter that writes the target's cache drafts only
+        through `HybridDrafter.draft_many`)."""
         return self.model.draft(k)
 
     def draft(self, k: int) -> Draft:
         """The lookup's draft when it matched at least ``min_match`` tokens, else the model's."""
         found = self.lookup.draft(k)
-        if found.tokens and found.match_len >= self.drafter.min_match:
+        if found.tokens and found.match_len >= self.min_match:
             return found
         return self.model.draft(k)
 

@@ -16,10 +16,10 @@ import torch
 from agentrt.kernels import probs_from_logits, sample
 
 from ..llama import SequenceCache, Transformer, synchronize
-from .base import Draft, DraftSampling, best_time
+from .base import Draft, DrafterDefaults, DraftSampling, best_time
 
 
-class ModelDrafter:
+class ModelDrafter(DrafterDefaults):
     """Drafts with a small model (e.g. ``Transformer.truncated(n)``: a layer-skip drafter).
 
     Greedy by default (deterministic drafts, ``Draft.probs is None``); call `begin` with a

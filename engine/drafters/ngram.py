@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .base import Draft, DraftSampling
+from .base import Draft, DrafterDefaults, DraftSampling
 
 
-class NgramDrafter:
+class NgramDrafter(DrafterDefaults):
     """Prompt lookup in the request's own tokens (prompt + output so far).
 
     For ``n`` from ``max_n`` down to ``min_n`` it looks up the last ``n`` tokens and proposes what

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 
-from .base import Draft, DraftSampling
+from .base import Draft, DrafterDefaults, DraftSampling
 from .ngram import continue_from
 
 NO_MATCH = (-1, 0)
@@ -176,7 +176,7 @@ class _Corpus:
         self.automaton.append(-self._separators)  # unique, so no match crosses documents
 
 
-class SuffixDrafter:
+class SuffixDrafter(DrafterDefaults):
     """Drafts from the longest suffix match in the request itself or in earlier requests' text.
 
     ``max_depth`` caps the match length the drafter relies on; ``max_corpus_tokens`` bounds the

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from ..base import SamplingParams
-from ..drafters.base import Draft, DraftSampling
+from ..drafters.base import Draft, DrafterDefaults, DraftSampling
 from ..llama import SeqRows, Transformer
 from .prompts import Messages
 
@@ -37,7 +37,7 @@ class Sample:
     prompt_len: int
 
 
-class FeatureRecorder:
+class FeatureRecorder(DrafterDefaults):
     """Takes a drafter's place in a `NativeEngine` to record the features of ``layers`` of
     every request (`recording`); it never drafts."""
 

@@ -363,8 +363,10 @@ def test_hybrid_takes_the_draft_with_more_expected_tokens_per_second():
     """The suffix lookup's draft when its match-length bucket is accepted more often per unit
     of cost than the head's drafts (at their cost for the sequence's length), or when it
     matched 4+ tokens that are mostly accepted; else the head's."""
-    from agentrt.engine.draft_policy import AdaptiveK, StepCosts, choose_drafts
+    from agentrt.engine.draft_policy import AdaptiveK, StepCosts
     from agentrt.engine.drafters.hybrid import HybridDrafter
+    from agentrt.engine.drafting import choose_drafts, draft_models
+    from agentrt.engine.step_plan import DecodeRows
 
     cfg = LlamaConfig(vocab_size=40, hidden_size=32, intermediate_size=64, num_layers=4,
                       num_heads=2, num_kv_heads=1, head_dim=16)
@@ -393,7 +395,10 @@ def test_hybrid_takes_the_draft_with_more_expected_tokens_per_second():
             accepted = lookup_accepted[i % len(lookup_accepted)] if lookup_accepted else round(8 * lookup_hits)
             policy.observe(8, accepted, AdaptiveK.bucket_of(lookup.match_len))
             policy.observe(8, round(8 * head_hits), 0)
-        (drafted, draft), = choose_drafts([seq], policy, False, None, 8, 4096, hybrid=True).values()
+        (choice,) = choose_drafts([seq], drafter, policy, 8, 4096).values()
+        rows = DecodeRows(seq, choice.tokens, choice.draft, choice.model_k)
+        draft_models(drafter, [rows])
+        drafted, draft = rows.drafted, rows.draft
         assert draft.match_len == (lookup.match_len if drafted[:1] == [11] else 0)
         return drafted
 

@@ -15,7 +15,7 @@ from agentrt.engine import (
     EngineError, ForcedEngine, NativeEngine, SamplingParams, complete, models,
 )
 from agentrt.engine.draft_policy import AdaptiveK, StepCosts
-from agentrt.engine.drafters import Draft
+from agentrt.engine.drafters import Draft, DrafterDefaults
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 pytestmark = pytest.mark.anyio
@@ -137,8 +137,9 @@ async def test_cancelling_a_forced_stream_frees_it(suffix):
     assert suffix.scheduler.in_flight() == 0
 
 
-class ScriptedDrafter:
-    """Drafts the script's own next tokens, with draft position ``wrong_at`` changed."""
+class ScriptedDrafter(DrafterDefaults):
+    """Drafts the script's own next tokens, with draft position ``wrong_at`` changed (and
+    cannot forget: it has no reset of its own)."""
 
     name = "scripted"
     lookup = True

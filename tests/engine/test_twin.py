@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from agentrt.engine import NativeEngine, SamplingParams, complete
-from agentrt.engine.drafters.base import DraftSampling
+from agentrt.engine.drafters.base import DraftSampling, DraftSlots
 from agentrt.engine.drafters.twin import TwinDrafter
 from agentrt.engine.llama import SeqRows
 from random_models import qwen_like
@@ -49,12 +49,12 @@ def plain_outputs():
 
 @pytest.mark.parametrize("drafter", ["twin", "hybrid-twin"])
 def test_twin_drafts_give_the_plain_output_alone_and_batched(plain_outputs, drafter):
-    # 16-position blocks: drafts of 6 cross block boundaries (the scratch block in use)
+    # 16-position blocks: drafts of 6 cross block boundaries
     engine = NativeEngine(drafter=drafter, draft_tokens=6, block_size=16, max_seq_len=2048)
     try:
         params = SamplingParams(max_tokens=24)
         assert _outputs(engine, params, together=False) == plain_outputs
-        engine.reset()  # the twin's scratch block stays its own
+        engine.reset()
         assert _outputs(engine, params, together=True) == plain_outputs
         m = engine.metrics()
         assert m.draft_tokens > 0 and m.acceptance_rate > 0.8, m.to_dict()
@@ -120,29 +120,37 @@ class Request:
                          [SeqRows(0, self.computed, torch.tensor(blocks, dtype=torch.int32))], engine.pool)
 
     def state(self, drafter, sampling: DraftSampling | None = None):
-        state = drafter.begin(self.tokens, sampling)
-        state.attach(self)
-        return state
+        return drafter.begin(self.tokens, sampling)
+
+    def slots(self, room: int) -> DraftSlots:
+        """The rows a step would reserve for ``room`` drafts after the last token."""
+        return DraftSlots(self.computed, torch.tensor(self.blocks, dtype=torch.int32), room)
 
 
-def test_a_shared_block_is_never_written(small_blocks_twin):
+def test_the_twin_writes_only_its_slots(small_blocks_twin):
     engine = small_blocks_twin
     drafter, pool = engine.drafter, engine.pool
-    block = pool.allocate()
     # decoding its 21st token: position 20 sits in its second block
-    request = Request(engine, list(range(100, 121)), [pool.allocate(), block])
-    state = request.state(drafter)
-    assert len(state.draft(4).tokens) == 4
+    request = Request(engine, list(range(100, 121)), [pool.allocate(), pool.allocate()])
+    second = request.blocks[1]
+    stored = [t for layer in pool.caches for t in layer]  # keys and values of every layer
+    before = [t.view(torch.int16).clone() for t in stored]  # bits: NaN-safe
+    (two,) = drafter.draft_many([request.state(drafter)], [4], [request.slots(2)])
+    assert len(two.tokens) == 2  # the slots bound the draft
+    for t, b in zip(stored, before):
+        changed = (t.view(torch.int16) != b).any(dim=-1).any(dim=1)  # [block, position]
+        assert not changed[torch.arange(pool.num_blocks) != second].any()
+        assert not changed[second, :4].any() and not changed[second, 6:].any()  # only 20, 21
+    (four,) = drafter.draft_many([request.state(drafter)], [4], [request.slots(8)])
+    assert four.tokens[:2] == two.tokens and len(four.tokens) == 4
+    assert drafter.draft_many([request.state(drafter)], [4], [None])[0].tokens == []
     sampled = request.state(drafter, DraftSampling(0.8, 40, 1.0, torch.Generator().manual_seed(0)))
-    draft = sampled.draft(3)  # sampled from the twin's distribution, which it reports
+    (draft,) = drafter.draft_many([sampled], [3], [request.slots(3)])
+    # sampled from the twin's distribution, which it reports
     assert draft.probs.shape == (3, engine.model.vocab_size)
     assert torch.allclose(draft.probs.sum(-1), torch.ones(3))
     assert all(draft.probs[i, t] > 0 for i, t in enumerate(draft.tokens))
     assert all(int((row > 0).sum()) <= 40 for row in draft.probs)  # top-k applied
-    pool.take([block])  # now another request holds it too
-    before = [k[block].view(torch.int16).clone() for k, _ in pool.caches]  # bits: NaN-safe
-    assert state.draft(4).tokens == []
-    assert all(torch.equal(k[block].view(torch.int16), b) for (k, _), b in zip(pool.caches, before))
 
 
 def test_the_twin_is_refused_where_it_cannot_run():
@@ -155,13 +163,14 @@ def test_the_twin_is_refused_where_it_cannot_run():
 def test_drafts_of_several_requests_together_equal_each_alone(small_blocks_twin):
     engine = small_blocks_twin
     drafter, pool = engine.drafter, engine.pool
-    # drafts at positions 20.., 13.. (runs into a block it lacks: the scratch block) and
-    # 29.. (runs past its blocks too; together the scratch block is taken: it stops at 31)
+    # drafts at positions 20.., 13.. and 29.. (the last two run into their next block)
     requests = [Request(engine, list(range(200, 221)), [pool.allocate() for _ in range(2)]),
-                Request(engine, list(range(300, 314)), [pool.allocate()]),
-                Request(engine, list(range(400, 430)), [pool.allocate() for _ in range(2)])]
+                Request(engine, list(range(300, 314)), [pool.allocate() for _ in range(2)]),
+                Request(engine, list(range(400, 430)), [pool.allocate() for _ in range(3)])]
     states = [r.state(drafter) for r in requests]
-    alone = [s.draft(k).tokens for s, k in zip(states, (5, 4, 4))]
-    together = [d.tokens for d in drafter.draft_many(states, [5, 4, 4])]
-    assert [len(t) for t in alone] == [5, 4, 4]  # alone, each has the scratch block
-    assert together[:2] == alone[:2] and together[2] == alone[2][:3]
+    slots = [r.slots(k) for r, k in zip(requests, (5, 4, 4))]
+    alone = [drafter.draft_many([s], [k], [slot])[0].tokens
+             for s, k, slot in zip(states, (5, 4, 4), slots)]
+    together = [d.tokens for d in drafter.draft_many(states, [5, 4, 4], slots)]
+    assert [len(t) for t in alone] == [5, 4, 4]
+    assert together == alone
