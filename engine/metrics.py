@@ -129,8 +129,9 @@ class BatchMetrics:
     preemptions: int = 0
     evictions: int = 0
     """Cached blocks reused for other tokens."""
-    timeline: list[tuple[float, int, int]] = field(default_factory=list)
-    """``(seconds since the engine started, sequences, rows)`` of recent steps (the last 4096)."""
+    timeline: list[tuple[float, int, int, int]] = field(default_factory=list)
+    """``(seconds since the engine started, sequences, rows, prompt rows)`` of recent steps
+    (the last 4096); ``rows - prompt rows`` are decode rows (last tokens and drafts)."""
 
     @property
     def mean_batch(self) -> float:

@@ -434,22 +434,23 @@ class NativeEngine(BaseEngine):
         if policy is not None:
             policy.costs.observe(rows, forward_s)
         self.scheduler.account(selection, t2 - t0)
-        self._record_step(t2, len(plan.groups), rows)
+        self._record_step(t2, len(plan.groups), rows, plan.prefill_tokens)
         for group, seq_logits, seq_features in plan.outputs(logits, features):
             if seq_logits is None:  # a prefill chunk short of the last token
                 self._prefilled(group, seq_features)
             else:
                 self._advance(group, seq_logits, policy, t1 - t0, forward_s, seq_features)
 
-    def _record_step(self, at: float, sequences: int, rows: int) -> None:
-        """Count one step of ``sequences`` requests and ``rows`` rows, ending at ``at``."""
+    def _record_step(self, at: float, sequences: int, rows: int, prompt_rows: int) -> None:
+        """Count one step of ``sequences`` requests and ``rows`` rows (``prompt_rows`` of them
+        prefill), ending at ``at``."""
         with self._metrics_lock:
             b = self._batch
             b.steps += 1
             b.rows += rows
             b.sequences += sequences
             b.max_batch = max(b.max_batch, sequences)
-            b.timeline.append((at - self._started, sequences, rows))
+            b.timeline.append((at - self._started, sequences, rows, prompt_rows))
             if len(b.timeline) > 4096:
                 del b.timeline[:1024]
 

@@ -141,6 +141,12 @@ class SchedulingOptions:
     """The most requests running at once; more wait."""
     max_batch_tokens: int = 512
     """The most token rows one step runs (decode rows, drafts, prefill chunks)."""
+    step_token_budget: int | None = 64
+    """The most rows a step runs while requests decode: every decoding request's last token,
+    then drafts and prompt chunks within what is left (a step without decode rows runs up to
+    ``max_batch_tokens``). It bounds the time between tokens of running requests while new
+    prompts prefill; None: no bound but ``max_batch_tokens`` (docs/engine.md, "Decoding under
+    bursts")."""
     prefill_chunk: int = 512
     """The most prompt tokens one request feeds in one step."""
     priority_share: float = 0.7
@@ -156,6 +162,8 @@ class SchedulingOptions:
             raise ValueError(f"priority_share must be in (0, 1], got {self.priority_share}")
         _positive_ints(self, "max_num_seqs", "max_batch_tokens", "prefill_chunk",
                        "background_prefill_tokens")
+        if self.step_token_budget is not None:
+            _positive_ints(self, "step_token_budget")
 
 
 GROUPS: dict[str, type] = {"target": TargetOptions, "drafting": DraftingOptions,

@@ -18,8 +18,11 @@ The `Scheduler` owns the requests waiting and running and their blocks of the `K
   shared step.
 * **A step's plan.** `plan` turns the step's requests and their drafts into a `StepPlan`:
   decoding requests feed their last token and draft (blocks grown for them, the draft cut to
-  what fits), prefilling ones a chunk of their prompt, within ``max_batch_tokens`` rows. After
-  the step, `written` counts the positions that now hold keys and values.
+  what fits), prefilling ones a chunk of their prompt, within ``max_batch_tokens`` rows, or
+  ``step_token_budget`` rows while requests decode (their last tokens always run; drafts and
+  prompt chunks fill what is left), so that their time between tokens stays bounded while new
+  prompts prefill. After the step, `written` counts the positions that now hold keys and
+  values.
 """
 
 from __future__ import annotations
@@ -208,14 +211,19 @@ class Scheduler:
     def plan(self, selection: Selection, drafts: Mapping[RequestState, DraftChoice]) -> StepPlan:
         """The step's `StepPlan`: each decoding request's last token and draft (``drafts``),
         blocks grown for them and the draft cut to the rows that fit (a request that can get
-        none waits again), then prefill chunks in scheduling order within
-        ``max_batch_tokens``."""
+        none waits again), then prefill chunks in scheduling order within ``max_batch_tokens``
+        rows. While requests decode, ``step_token_budget`` bounds the step's rows: every
+        decoding request's last token runs, drafts and prompt chunks fill what is left."""
+        budget = self.options.step_token_budget if selection.decoding else None
+        limit = self.max_batch_tokens if budget is None else min(self.max_batch_tokens, budget)
         decode: list[DecodeRows] = []
+        used = 0
         for seq in selection.decoding:
             if seq not in self.running:
                 continue
             choice = drafts[seq]
-            rows = self._grow(seq, choice.rows)
+            want = choice.rows if budget is None else min(choice.rows, max(1, budget - used))
+            rows = self._grow(seq, want)
             if rows == 0:
                 if seq in self.running:  # more urgent requests hold every block: wait
                     self._preempt(seq)
@@ -223,27 +231,26 @@ class Scheduler:
             drafted = choice.tokens[:rows - 1]
             decode.append(DecodeRows(seq, drafted, choice.draft,
                                      min(choice.model_k, rows - 1 - len(drafted))))
-        used = sum(r.n for r in decode)
-        return StepPlan(selection, decode, self._prefill(selection, used))
+            used += rows
+        return StepPlan(selection, decode, self._prefill(selection, limit - used))
 
-    def _prefill(self, selection: Selection, used: int) -> list[PrefillRows]:
-        """Prompt chunks of the prefilling requests, in scheduling order, within what
-        ``used`` rows leave of ``max_batch_tokens`` (less urgent requests beside an urgent
-        stream: ``background_prefill_tokens`` in all)."""
+    def _prefill(self, selection: Selection, room: int) -> list[PrefillRows]:
+        """Prompt chunks of the prefilling requests, in scheduling order, within ``room``
+        rows (less urgent requests beside an urgent stream: ``background_prefill_tokens`` in
+        all)."""
         chunks: list[PrefillRows] = []
         background = 0
         for seq in selection.order:
             if seq.decoding or seq not in self.running:
                 continue
-            chunk = min(len(seq.tokens) - seq.computed, self.options.prefill_chunk,
-                        self.max_batch_tokens - used)
+            chunk = min(len(seq.tokens) - seq.computed, self.options.prefill_chunk, room)
             if selection.throttled and seq.priority > selection.urgent:
                 chunk = min(chunk, self.options.background_prefill_tokens - background)
                 background += max(chunk, 0)
             if chunk <= 0:
                 continue
             chunks.append(PrefillRows(seq, chunk))
-            used += chunk
+            room -= chunk
         return chunks
 
     def _grow(self, seq: RequestState, rows: int) -> int:
