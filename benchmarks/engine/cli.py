@@ -112,6 +112,9 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, argparse.Arg
     parser.add_argument("--concurrency", default=None,
                         help="e.g. 1,2,4,8,16: many requests at once per system, plus the prefix "
                              "and priority scenarios (benchmarks/engine/concurrency.py)")
+    parser.add_argument("--step-token-budget", default=None,
+                        help="with --concurrency: e.g. off,128: each native system once per value "
+                             "of the engine's step_token_budget ('off': none)")
     parser.add_argument("--worker-no-prefix-scenarios", action="store_true", help=argparse.SUPPRESS)
     return parser.parse_args(argv), parser
 

@@ -2,15 +2,22 @@
 
     python -m benchmarks.run engine --concurrency 1,2,4,8,16 [--systems plain,suffix,vllm,...]
                                     [--max-tokens 64] [--sets agent_code,chat,copy_heavy]
+                                    [--step-token-budget off,64]
 
-For each system, the first max(c) prompts (taken in turn from the sets) first run alone one after
+For each system, the first max(c) prompts (the sets one after another) first run alone one after
 another (the c=1 row and the reference outputs); then, for each concurrency c > 1, c of them start
-together on one engine. The table gives the aggregate decode throughput (output tokens after each
-request's first / the span from the first request's first token to the last one's last; for c=1
-the sum of the solo decode times) and the aggregate throughput (all output tokens / wall time,
-prefill included), each with its ratio to the same prompts one at a time, the mean per-request latency and time to the
-first token, and how many outputs equal the same prompt's output at concurrency 1 (greedy). The
-native systems then run three prefix / priority scenarios:
+together on one engine (a fresh burst: nothing cached from the runs before). The table gives the
+aggregate decode throughput (output tokens after each request's first / the span from the first
+request's first token to the last one's last; for c=1 the sum of the solo decode times) and the
+aggregate throughput (all output tokens / wall time, prefill included), each with its ratio to
+the same prompts one at a time, the mean per-request latency and time to the first token, the
+inter-token latency of running requests (p50 and p99 over every gap between two consecutive
+deltas of a request, after its first), the throughput of prompt and output tokens together
+(/ wall time), and how many outputs equal the same prompt's output at concurrency 1 (greedy).
+The longest gap is reported too: p99 misses a pause that only a few requests see once.
+``--step-token-budget`` runs each native system once per value (``off`` or a number: the
+engine's ``step_token_budget``), each in a process of its own, named ``system budget=value``.
+The native systems then run three prefix / priority scenarios:
 
 - *multi-turn*: a ~1K-token first turn, then a second turn that extends it: prompt tokens
   prefilled and time to first token, with the prefix cache and without;
@@ -66,6 +73,9 @@ class Request:
     first_at: float = 0.0
     """perf_counter() of the first output delta (and of the last one, below)."""
     last_at: float = 0.0
+    gaps: list[float] = field(default_factory=list)
+    """Seconds between consecutive output deltas, after the first (inter-token latency)."""
+    prompt_tokens: int = 0
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
     metrics: dict | None = None
@@ -88,17 +98,41 @@ async def stream_one(engine, prompt_id: str, messages: list[dict], params,
                     first = now
                     if first_token is not None:
                         first_token.set()
+                else:
+                    out.gaps.append(now - last)
                 last = now
             if delta.finish_reason is not None:
                 final = delta
     end = time.perf_counter()
     first, last = first or end, last or end
     out.tokens = final.usage.completion_tokens if final is not None and final.usage else len(out.token_ids)
+    out.prompt_tokens = final.usage.prompt_tokens if final is not None and final.usage else 0
     out.ttft_s, out.total_s, out.decode_s = first - start, end - start, last - first
     out.first_at, out.last_at = first, last
     if final is not None and final.metrics is not None:
         out.metrics = final.metrics.to_dict()
     return out
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The ``q``-th percentile of ``values`` (linear between ranks; NaN when empty)."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    at = (len(ordered) - 1) * q / 100
+    low = int(at)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (at - low)
+
+
+def token_latency(requests: list[dict[str, Any]], wall: float) -> dict[str, float]:
+    """Inter-token latency of running requests (p50, p99 and the longest over all their gaps)
+    and the throughput of prompt and output tokens together over ``wall`` seconds."""
+    gaps = [g for r in requests for g in r["gaps"]]
+    processed = sum(r["prompt_tokens"] + r["tokens"] for r in requests)
+    return {"itl_p50_s": percentile(gaps, 50), "itl_p99_s": percentile(gaps, 99),
+            "itl_max_s": max(gaps, default=float("nan")), "gaps": len(gaps),
+            "processed_tok_s": processed / wall if wall > 0 else 0.0}
 
 
 async def run_level(engine, prompts: list[tuple[str, list[dict]]], concurrency: int,
@@ -113,6 +147,7 @@ async def run_level(engine, prompts: list[tuple[str, list[dict]]], concurrency: 
     wall = time.perf_counter() - start
     tokens = sum(r.tokens for r in results)
     window = max(r.last_at for r in results) - min(r.first_at for r in results)
+    requests = [asdict(r) | {"metrics": None} for r in results]
     return {
         "concurrency": concurrency,
         "wall_s": wall,
@@ -125,7 +160,8 @@ async def run_level(engine, prompts: list[tuple[str, list[dict]]], concurrency: 
         "mean_request_decode_tok_s": statistics.mean(
             max(r.tokens - 1, 0) / r.decode_s for r in results if r.decode_s > 0) if any(
             r.decode_s > 0 for r in results) else 0.0,
-        "requests": [asdict(r) | {"metrics": None} for r in results],
+        **token_latency(requests, wall),
+        "requests": requests,
     }
 
 
@@ -145,6 +181,7 @@ async def run_solo(engine, prompts: list[tuple[str, list[dict]]], max_tokens: in
         "mean_latency_s": statistics.mean(r["total_s"] for r in requests),
         "mean_ttft_s": statistics.mean(r["ttft_s"] for r in requests),
         "mean_request_decode_tok_s": statistics.mean(lv["mean_request_decode_tok_s"] for lv in levels),
+        **token_latency(requests, wall),
         "requests": requests,
     }
 
@@ -234,12 +271,18 @@ def run(args, systems: list[str], sets: list[str], make_engine,
     ``prefix_scenarios``: whether a single native system also runs the prefix scenarios (off in
     the children for all but the first native system of a multi-system run).
 
-    One system runs here, in this process. Several run one after another, each alone in a child
-    process of its own (same prompts, threads and warm-up), so no system's threads compete with
-    another's engine; the prefix scenarios run once, with the first native system."""
+    One system runs here, in this process. Several (or one native system at several
+    ``--step-token-budget`` values) run one after another, each alone in a child process of its
+    own (same prompts, threads and warm-up), so no system's threads compete with another's
+    engine; the prefix scenarios run once, with the first native system."""
     levels = sorted({int(c) for c in args.concurrency.split(",") if c.strip()})
     if not levels or levels[0] < 1:
         print("engine bench: --concurrency needs positive integers, e.g. 1,2,4,8,16", file=sys.stderr)
+        return 2
+    try:
+        budgets = budget_values(args.step_token_budget)
+    except ValueError as exc:
+        print(f"engine bench: {exc}", file=sys.stderr)
         return 2
     runnable = (*NATIVE, *VLLM_SYSTEMS)
     skipped = [s for s in systems if s not in runnable]
@@ -251,34 +294,63 @@ def run(args, systems: list[str], sets: list[str], make_engine,
     if skipped:
         print(f"engine bench: --concurrency skips {', '.join(skipped)} (it runs "
               f"{', '.join(runnable)})", file=sys.stderr)
+    variants = [(system, budget) for system in systems
+                for budget in (budgets if system in NATIVE else [None])]
     failed: dict[str, str] = {}
     load_before = os.getloadavg()
-    if len(systems) == 1:
-        results = run_here(args, systems[0], sets, levels, make_engine,
-                           prefix_scenarios=prefix_scenarios)
+    if len(variants) == 1:
+        (system, budget), = variants
+        results = run_here(args, system, sets, levels, make_engine,
+                           prefix_scenarios=prefix_scenarios, budget=budget)
         isolation = "one system, alone in this process"
     else:
-        prefix_system = next((s for s in systems if s in NATIVE), None)
+        prefix_variant = next((v for v in variants if v[0] in NATIVE), None)
         results = {"levels": {}, "scenarios": {}, "processes": {}}
-        for system in systems:
+        for system, budget in variants:
             try:
-                child = run_in_child(args, system, prefix_scenarios=system == prefix_system)
+                child = run_in_child(args, system, budget,
+                                     prefix_scenarios=(system, budget) == prefix_variant)
             except BenchChildError as exc:
                 print(f"engine bench: {exc}", file=sys.stderr)
-                failed[system] = str(exc)
+                failed[variant_name(system, budget)] = str(exc)
                 continue
             for key in results:
                 results[key].update(child[key])
         isolation = "each system alone in a child process of its own, one after another"
     meta = {"time": time.strftime("%Y-%m-%d %H:%M:%S"), "model": args.model, "dtype": args.dtype,
             "threads": args.threads, "max_tokens": args.max_tokens, "levels": levels,
-            "systems": systems, "sets": sets, "isolation": isolation, "failed": failed,
+            "systems": systems, "step_token_budgets": budgets, "sets": sets,
+            "isolation": isolation, "failed": failed,
             "load_avg_before_after": [load_before[0], os.getloadavg()[0]],
             "vllm_cpu_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("VLLM_CPU_")}}
     md = markdown(results, meta)
     print(md)
     write_results({"meta": meta, "results": results}, md, args.out)
     return 1 if failed else 0
+
+
+def budget_values(option: str | None) -> list[str | None]:
+    """``--step-token-budget`` as a list of values (``"off"`` or a positive number); [None]
+    (the engine's default) when it is not given."""
+    if not option:
+        return [None]
+    values = [v.strip() for v in option.split(",") if v.strip()]
+    bad = [v for v in values if v != "off" and not (v.isdigit() and int(v) > 0)]
+    if bad or not values:
+        raise ValueError(f"--step-token-budget takes 'off' or positive numbers, got {option!r}")
+    return values
+
+
+def budget_options(budget: str | None) -> dict[str, Any]:
+    """The `NativeEngine` options for one ``--step-token-budget`` value."""
+    if budget is None:
+        return {}
+    return {"step_token_budget": None if budget == "off" else int(budget)}
+
+
+def variant_name(system: str, budget: str | None) -> str:
+    """How the tables name ``system`` run at ``budget`` (its own name at the default)."""
+    return system if budget is None else f"{system} budget={budget}"
 
 
 def fresh_start(engine, loop: asyncio.AbstractEventLoop) -> None:
@@ -294,15 +366,18 @@ def fresh_start(engine, loop: asyncio.AbstractEventLoop) -> None:
 
 
 def run_here(args, system: str, sets: list[str], levels: list[int], make_engine,
-             prefix_scenarios: bool) -> dict[str, Any]:
+             prefix_scenarios: bool, budget: str | None = None) -> dict[str, Any]:
     """One system's concurrency table (and, for a native system, its scenarios) in this
-    process: ``{"levels": {...}, "scenarios": {...}, "processes": {system: pid}}``."""
+    process, at ``budget`` (a ``--step-token-budget`` value; None: the engine's default):
+    ``{"levels": {...}, "scenarios": {...}, "processes": {name: pid}}``, under its
+    `variant_name`."""
     prompts = [(f"{name}/{row['id']}", row["messages"]) for name, row in
                load_prompts(sets, args.limit)]
+    name, options = variant_name(system, budget), budget_options(budget)
     loop = asyncio.new_event_loop()
-    results: dict[str, Any] = {"levels": {}, "scenarios": {}, "processes": {system: os.getpid()}}
+    results: dict[str, Any] = {"levels": {}, "scenarios": {}, "processes": {name: os.getpid()}}
     try:
-        engine = make_engine(system, loop)
+        engine = make_engine(system, loop, **options)
         try:
             loop.run_until_complete(run_level(engine, prompts[:1], 1, 8))  # warm-up
             fresh_start(engine, loop)
@@ -315,8 +390,9 @@ def run_here(args, system: str, sets: list[str], levels: list[int], make_engine,
                     run_level(engine, prompts, c, args.max_tokens))
                 if c != 1:
                     table.append(level)
-                print(f"{system:10s} c={c:2d} {level['aggregate_decode_tok_s']:7.1f} decode tok/s "
-                      f"latency {level['mean_latency_s']:6.2f}s", file=sys.stderr)
+                print(f"{name:10s} c={c:2d} {level['aggregate_decode_tok_s']:7.1f} decode tok/s "
+                      f"latency {level['mean_latency_s']:6.2f}s inter-token p99 "
+                      f"{1000 * level['itl_p99_s']:6.1f} ms", file=sys.stderr)
             solo = {r["prompt_id"]: r for r in table[0]["requests"]}
             table = [lv for lv in table if lv["concurrency"] in levels]
             for level in table:
@@ -330,20 +406,20 @@ def run_here(args, system: str, sets: list[str], levels: list[int], make_engine,
                 level["decode_x_one"] = _ratio(
                     level["aggregate_decode_tok_s"] * sum(a["decode_s"] for a in alone),
                     sum(max(a["tokens"] - 1, 0) for a in alone))
-            results["levels"][system] = table
+            results["levels"][name] = table
             if system in NATIVE:
-                results["levels"][system + ":batch"] = engine.batch_metrics().to_dict() | {
+                results["levels"][name + ":batch"] = engine.batch_metrics().to_dict() | {
                     "timeline": None}
                 root = prompts[0][1]
-                results["scenarios"][system] = {
+                results["scenarios"][name] = {
                     "root_with_8_subqueries": loop.run_until_complete(
                         root_with_subqueries(engine, root, args.max_tokens))}
         finally:
             loop.run_until_complete(engine.aclose())
         if system in NATIVE and prefix_scenarios:
             def factory(prefix_cache: bool):
-                return make_engine(system, loop, prefix_cache=prefix_cache)
-            scen = results["scenarios"][system]
+                return make_engine(system, loop, prefix_cache=prefix_cache, **options)
+            scen = results["scenarios"][name]
             scen["multi_turn"] = loop.run_until_complete(multi_turn(factory, args.max_tokens))
             scen["shared_prefix_16"] = loop.run_until_complete(
                 shared_prefix(factory, min(args.max_tokens, 16)))
@@ -364,19 +440,20 @@ class BenchChildError(RuntimeError):
     """A system's child process failed or wrote no results."""
 
 
-def run_in_child(args, system: str, prefix_scenarios: bool) -> dict[str, Any]:
-    """Run ``system`` alone through ``python -m benchmarks.engine`` (this invocation's options,
-    one system) and return its results. Its progress goes to this process's stderr; its table
-    is dropped (this process prints the merged one)."""
+def run_in_child(args, system: str, budget: str | None, prefix_scenarios: bool) -> dict[str, Any]:
+    """Run ``system`` at ``budget`` alone through ``python -m benchmarks.engine`` (this
+    invocation's options, one system, one budget) and return its results. Its progress goes to
+    this process's stderr; its table is dropped (this process prints the merged one)."""
+    name = variant_name(system, budget)
     with tempfile.TemporaryDirectory(prefix="engine-concurrency-") as out:
-        overrides = {"systems": system, "out": out,
+        overrides = {"systems": system, "step_token_budget": budget, "out": out,
                      "worker_no_prefix_scenarios": not prefix_scenarios}
         command = [sys.executable, "-m", "benchmarks.engine", *bench_argv(args, overrides)]
-        print(f"engine bench: {system} in its own process", file=sys.stderr)
+        print(f"engine bench: {name} in its own process", file=sys.stderr)
         done = subprocess.run(command, env=child_env(), stdout=subprocess.DEVNULL, check=False)
         found = sorted(Path(out).glob("engine-*.json"))
         if done.returncode != 0 or not found:
-            raise BenchChildError(f"{system}: its process exited with status {done.returncode}"
+            raise BenchChildError(f"{name}: its process exited with status {done.returncode}"
                                   + ("" if found else " and wrote no results"))
         return json.loads(found[-1].read_text())["results"]
 
@@ -406,8 +483,9 @@ def markdown(results: dict, meta: dict) -> str:
              f"max_tokens {meta['max_tokens']}, greedy; sets {', '.join(meta['sets'])}; "
              f"{meta.get('isolation', '')}; 1-minute load average {fmt_load(meta)}.", "",
              "| system | c | aggregate decode tok/s | x one request | aggregate tok/s (with prefill) "
-             "| x one request | mean latency s | mean TTFT s | per-request decode tok/s | same as c=1 |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| x one request | mean latency s | mean TTFT s | per-request decode tok/s "
+             "| inter-token p50 / p99 / max ms | prompt + output tok/s | same as c=1 |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for system, table in results["levels"].items():
         if system.endswith(":batch"):
             continue
@@ -415,7 +493,9 @@ def markdown(results: dict, meta: dict) -> str:
             lines.append(f"| {system} | {lv['concurrency']} | {lv['aggregate_decode_tok_s']:.1f} | "
                          f"{lv['decode_x_one']:.2f} | {lv['aggregate_tok_s']:.1f} | "
                          f"{lv['x_one']:.2f} | {lv['mean_latency_s']:.2f} | {lv['mean_ttft_s']:.2f} | "
-                         f"{lv['mean_request_decode_tok_s']:.1f} | {lv['same_as_solo']} |")
+                         f"{lv['mean_request_decode_tok_s']:.1f} | {1000 * lv['itl_p50_s']:.0f} / "
+                         f"{1000 * lv['itl_p99_s']:.0f} / {1000 * lv['itl_max_s']:.0f} | "
+                         f"{lv['processed_tok_s']:.1f} | {lv['same_as_solo']} |")
     lines += [f"- **{system} failed**: {why}" for system, why in meta.get("failed", {}).items()]
     lines.append("")
     for system, scen in results["scenarios"].items():

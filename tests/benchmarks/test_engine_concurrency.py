@@ -17,7 +17,7 @@ def _args(tmp_path, **over) -> argparse.Namespace:
     values = dict(engine="vllm", model="smollm2-135m", dtype="bf16", device="cpu", max_tokens=12,
                   limit=1, sets="agent_code", systems=None, drafter_config=None, base_url=None,
                   served_model=None, k="auto", threads=1, gguf=None, out=str(tmp_path),
-                  synthetic=False, concurrency="1,2")
+                  synthetic=False, concurrency="1,2", step_token_budget=None)
     return argparse.Namespace(**(values | over))
 
 
@@ -135,3 +135,39 @@ def test_every_level_starts_from_a_fresh_engine(tmp_path):
                                    [1, 2], make, prefix_scenarios=False)
     assert served_at_reset == [1, 3]  # after the warm-up, then after the two solo requests
     assert [lv["concurrency"] for lv in results["levels"]["suffix"]] == [1, 2]
+
+
+def test_budget_values_name_the_variants():
+    assert concurrency.budget_values(None) == [None]
+    assert concurrency.budget_values("off, 128") == ["off", "128"]
+    for bad in ("0", "many", "off,-4", ","):
+        with pytest.raises(ValueError, match="--step-token-budget"):
+            concurrency.budget_values(bad)
+    assert concurrency.budget_options(None) == {}
+    assert concurrency.budget_options("off") == {"step_token_budget": None}
+    assert concurrency.budget_options("64") == {"step_token_budget": 64}
+    assert concurrency.variant_name("plain", None) == "plain"
+    assert concurrency.variant_name("plain", "off") == "plain budget=off"
+
+
+def test_levels_report_inter_token_latency_and_prompt_throughput(tmp_path):
+    # one system at one budget runs here, under its variant's name, with that engine option
+    from agentrt.engine import NativeEngine, models
+
+    path = models.ensure("smollm2-135m", "bf16")
+    built = []
+
+    def make(system, loop, **options):
+        built.append(options)
+        return NativeEngine(model=str(path), drafter=None, threads=1, max_seq_len=2048, **options)
+
+    results = concurrency.run_here(_args(tmp_path, sets="chat", limit=2), "plain", ["chat"],
+                                   [1, 2], make, prefix_scenarios=False, budget="16")
+    assert built == [{"step_token_budget": 16}]
+    assert set(results["processes"]) == {"plain budget=16"}
+    for level in results["levels"]["plain budget=16"]:
+        assert 0 < level["gaps"] <= sum(r["tokens"] - 1 for r in level["requests"])
+        assert 0 < level["itl_p50_s"] <= level["itl_p99_s"] <= level["itl_max_s"]
+        assert level["processed_tok_s"] > level["aggregate_tok_s"] > 0  # prompts count too
+    assert concurrency.percentile([3.0, 1.0, 2.0], 50) == 2.0
+    assert concurrency.percentile([0.0, 10.0], 99) == pytest.approx(9.9)
