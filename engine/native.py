@@ -50,12 +50,12 @@ from .drafters.model import ModelDrafter
 from .drafters.ngram import NgramDrafter
 from .drafters.suffix import SuffixDrafter
 from .drafters.twin import TwinDrafter
+from .drafting import choose_drafts, draft_models
 from .eagle.head import DraftHead, check_target, head_dir, model_name
 from .kv_cache import KVPool
-from .llama import SeqRows, Transformer, synchronize
+from .llama import Transformer, synchronize
 from .metrics import BatchMetrics, DecodeMetrics
 from .models import resolve
-from .drafting import choose_drafts, draft_models
 from .native_config import NativeConfig
 from .scheduler import Scheduler
 from .sequence import Job, OutputText, RequestState

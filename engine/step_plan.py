@@ -74,7 +74,7 @@ class DecodeRows:
         return DraftSlots(self.seq.computed, self.seq.block_table(), self.model_k)
 
     def fill(self, draft: Draft) -> None:
-        """The model drafter's ``draft`` takes the reserved rows (those it leaves are freed)."""
+        """The model drafter's ``draft`` takes the reserved rows (those it leaves do not run)."""
         self.drafted, self.draft, self.model_k = draft.tokens[:self.model_k], draft, 0
 
 
