@@ -23,9 +23,10 @@ maker chooses:
 * a class is one the sandbox made or a *held* class (the builtin types and exceptions, the
   classes the facades show: surface.py, and ``ToolError``); a metaclass becomes the sandbox's ``type``; any
   other class becomes a :class:`TypeView` (a name to print and compare, nothing to call);
-* callable wrappers (``functools.partial``, ``property``, ``classmethod``, ``staticmethod``,
-  ``lru_cache`` and ``cached_property`` wrappers) pass only if what they wrap does;
-* any other object passes if its exact type is held, made by the sandbox, or an exception;
+* ``functools.partial`` passes if what it holds does; descriptors and caches (``property``,
+  ``classmethod``, ``staticmethod``, ``cached_property``, ``partialmethod``, ``lru_cache``
+  wrappers) only around a function the cell defined;
+* any other object passes if its exact type is held or made by the sandbox (exceptions too);
   everything else (modules, frames, code, tracebacks, cells, mapping proxies of class
   dicts, memoryviews, the runtime's own objects) is refused with :class:`AdmissionError`.
 
@@ -216,15 +217,18 @@ class Admission:
             types.MappingProxyType: dict,  # a copy: its items are admitted when read
             functools.partial: self._partial,
             property: self._property,
+            enum.property: self._property,
             classmethod: self._wrapped_function,
             staticmethod: self._wrapped_function,
-            functools.cached_property: self._cached_property,
+            functools.cached_property: self._wrapped_func,
+            functools.partialmethod: self._wrapped_func,
             type(functools.lru_cache(lambda: 0)): self._lru_wrapper,
         }
         for alias_type in _ALIAS_TYPES:
             self._rules[alias_type] = self._alias
         for kind in _REFUSED:
             self._rules[kind] = self._refuse
+        self.hold_class(AdmissionError)  # what a cell catches when admission refuses
 
     # -- registration ------------------------------------------------------------------------
     def hold(self, kind: type) -> None:
@@ -262,8 +266,6 @@ class Admission:
             return value
         if isinstance(value, type):
             return self.admit_class(value)
-        if isinstance(value, BaseException):
-            return value
         raise AdmissionError(f"a {kind.__qualname__!r} object cannot enter the sandbox")
 
     def admissible(self, value: Any) -> bool:
@@ -406,25 +408,32 @@ class Admission:
             return value
         return functools.partial(func, *args, **keywords)
 
-    def _inner_as_is(self, inner: Any, what: str) -> None:
-        if inner is not None and not self.admissible(inner):
-            raise AdmissionError(f"a {what} around an object the sandbox may not hold")
+    def _cell_function(self, inner: Any, what: str) -> None:
+        """Descriptors and caches wrap only the cell's own functions: Python calls what a
+        descriptor wraps with raw objects (the instance, the class being made), and a cell's
+        function admits its parameters, a C callable or a stdlib function does not."""
+        if inner is not None and not self.provenance.made_function(inner):
+            raise AdmissionError(f"a {what} in the sandbox wraps only a function defined in "
+                                 "the sandbox")
 
-    def _property(self, value: property) -> Any:
+    def _property(self, value: Any) -> Any:
         for inner in (value.fget, value.fset, value.fdel):
-            self._inner_as_is(inner, "property")
+            self._cell_function(inner, type(value).__name__)
         return value
 
     def _wrapped_function(self, value: Any) -> Any:
-        self._inner_as_is(value.__func__, type(value).__name__)
+        self._cell_function(value.__func__, type(value).__name__)
         return value
 
-    def _cached_property(self, value: functools.cached_property) -> Any:
-        self._inner_as_is(value.func, "cached_property")
+    def _wrapped_func(self, value: Any) -> Any:
+        self._cell_function(value.func, type(value).__name__)
+        if isinstance(value, functools.partialmethod):
+            for arg in (*value.args, *value.keywords.values()):
+                self.admit(arg)
         return value
 
     def _lru_wrapper(self, value: Any) -> Any:
-        self._inner_as_is(value.__wrapped__, "lru_cache wrapper")
+        self._cell_function(value.__wrapped__, "lru_cache wrapper")
         return value
 
     def _alias(self, value: Any) -> Any:

@@ -4,8 +4,7 @@ augmented assignment, and writes (``_write_``, ``setattr``, ``delattr``).
 
 A read refuses private and internal names (policy.check_attribute_name), ``__init__`` except on
 ``super()`` of an instance the sandbox made, ABC registration, raw buffers, any attribute of a
-typing alias (aliases forward reads and writes to what they alias), and a method read off a
-class the sandbox did not make (it would run on any ``self``); what it found passes
+typing alias (aliases forward reads and writes to what they alias); what it found passes
 :meth:`Admission.admit`, and a mutable container read off a class (shared by every instance)
 comes as a copy. A write is allowed on the mutable builtin containers and on what the sandbox
 made, decided by identity.
@@ -18,7 +17,6 @@ import abc
 import collections
 import decimal
 import functools
-import inspect
 import io
 import operator
 import string
@@ -81,9 +79,6 @@ class Guards:
             if default is MISSING:
                 raise
             return default
-        if type(value) is types.FunctionType and self._unbound_method(obj, name, value):
-            raise AttributeError(f'"{name}": a method of a class the sandbox did not make is '
-                                 "available only on its instances")
         try:
             value = self.admission.admit(value)
         except AdmissionError as exc:
@@ -91,17 +86,6 @@ class Guards:
         if type(value) in _SHARED_CONTAINERS and self._shared(obj, name):
             value = _shallow_copy(value)
         return value
-
-    def _unbound_method(self, obj: Any, name: str, value: types.FunctionType) -> bool:
-        """Whether ``value``, read off a class (or a ``super()`` of one) the sandbox did not
-        make, is a method that would run on whatever ``self`` it is given (stdlib methods
-        write attributes of their ``self``)."""
-        if value.__globals__ is self.provenance.namespace:
-            return False
-        owner = obj.__self__ if type(obj) is super else obj
-        if not isinstance(owner, type) or self.provenance.made(owner):
-            return False
-        return not isinstance(inspect.getattr_static(owner, name, None), staticmethod)
 
     def _shared(self, obj: Any, name: str) -> bool:
         """Whether attribute ``name`` of ``obj`` is state shared beyond ``obj``: a class

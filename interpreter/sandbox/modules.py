@@ -173,6 +173,19 @@ def _safe_dataclass(provenance: Provenance) -> Callable[..., Any]:
     return dataclass
 
 
+def _safe_replace(provenance: Provenance) -> Callable[..., Any]:
+    def replace(obj: Any, /, **changes: Any) -> Any:
+        """``dataclasses.replace`` for dataclass instances the sandbox made (it reads every
+        field's name and value off the object)."""
+        if isinstance(obj, type) or not provenance.made(obj) or not dataclasses.is_dataclass(obj):
+            raise TypeError("replace() applies to instances of dataclasses defined in the "
+                            "sandbox")
+        _check_dataclass_fields(type(obj), provenance)
+        return dataclasses.replace(obj, **changes)
+
+    return replace
+
+
 def _fields_as(copier: Copier, factory_name: str, pairs: bool) -> Callable[..., Any]:
     """``dataclasses.asdict`` (``pairs``) or ``astuple``, copying leaf values with the
     sandbox's own ``copy.deepcopy``."""
@@ -335,6 +348,7 @@ _REPLACEMENTS: dict[str, Callable[[SandboxContext], Mapping[str, Any]]] = {
                              for name in _ENUM_CLASSES if hasattr(enum, name)},
     "dataclasses": lambda context: {
         "dataclass": _safe_dataclass(context.provenance),
+        "replace": _safe_replace(context.provenance),
         "asdict": _fields_as(Copier(context.admission), "dict_factory", pairs=True),
         "astuple": _fields_as(Copier(context.admission), "tuple_factory", pairs=False)},
     "pprint": lambda context: {"pprint": _sandbox_pprint(context),

@@ -14,6 +14,7 @@ decides what a cell may hold).
 
 from __future__ import annotations
 
+import sys
 import types
 import weakref
 from collections.abc import Callable
@@ -24,17 +25,26 @@ class SandboxFunction:
     """A real (trusted) Python function as the sandbox holds it: callable, with its name and
     documentation, and nothing else. Its results pass through ``check`` when one is given.
 
-    It does not bind as a method (no ``__get__``): stored on a class it stays a plain callable.
+    A method defined in a class body (``ChainMap.new_child``, however it was reached: off the
+    class, a subclass, a copy of the class's dict) runs only on a ``self`` of that class, by its
+    real type: a stdlib method does what it likes with ``self`` (sets attributes on it, calls
+    ``self.__class__``). It does not bind as a method (no ``__get__``): stored on a class it
+    stays a plain callable.
     """
 
-    __slots__ = ("_function", "_check", "__weakref__")
+    __slots__ = ("_function", "_check", "_owner", "__weakref__")
 
     def __init__(self, function: Callable[..., Any],
                  check: Callable[[Any], Any] | None = None) -> None:
         object.__setattr__(self, "_function", function)
         object.__setattr__(self, "_check", check)
+        object.__setattr__(self, "_owner", method_owner(function))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        owner = self._owner
+        if owner is not None and (not args or not issubclass(type(args[0]), owner)):
+            raise TypeError(f"{self.__qualname__}() runs only on a {owner.__qualname__!r} "
+                            "object (call it on one)")
         result = self._function(*args, **kwargs)
         return result if self._check is None else self._check(result)
 
@@ -65,6 +75,22 @@ class SandboxFunction:
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         raise TypeError("functions cannot leave the sandbox")
+
+
+def method_owner(function: Any) -> type | None:
+    """The class in whose body ``function`` is defined as a plain method (its module's class
+    at its qualified name holds this very function), or None."""
+    if type(function) is not types.FunctionType:
+        return None
+    owner: Any = sys.modules.get(function.__module__)
+    parts = function.__qualname__.split(".")
+    for part in parts[:-1]:
+        if part == "<locals>" or owner is None:
+            return None
+        owner = getattr(owner, part, None)
+    if not isinstance(owner, type):
+        return None
+    return owner if vars(owner).get(parts[-1]) is function else None
 
 
 def unwrap(value: Any) -> Any:

@@ -234,12 +234,20 @@ def _held(value: Any, depth: int, made: Any) -> Iterator[Any]:
 
 
 def violations(sandbox: Sandbox) -> list[str]:
-    """Every violation among what the sandbox's namespace holds."""
+    """Every violation among what the sandbox's namespace holds: one of the objects above, or
+    anything admission would not let in as it is (a raw object inside a container)."""
     module_globals = _module_globals()
+    admit = sandbox.context.admission.admit
     found = []
     for name, value in sandbox.variables().items():
         for obj in _held(value, 3, sandbox.context.provenance.classes):
             problem = violation(obj, sandbox, module_globals)
+            if problem is None:
+                try:
+                    if admit(obj) is not obj and type(obj) is not dict:
+                        problem = f"a {type(obj).__qualname__} admission would not let in"
+                except TypeError as exc:
+                    problem = f"a {type(obj).__qualname__} admission refuses ({exc})"
             if problem is not None:
                 found.append(f"{name} holds {problem}")
     return found

@@ -1,11 +1,10 @@
 """Admission: every door a value can reach a cell by admits it (doors.py, admission.py).
 
-The escapes of the third, fourth and fifth red-team rounds, each a different path to a real
-object, are run here against the first wall alone (an in-process sandbox, the fuzzer's oracle
-on what the namespace holds) and, for the shadow's paths, in shadow mode with lazy values
-resolving. Then the doors
-themselves: each kind of door is shown to admit, by a cell that would bind a real object
-through it if it did not.
+The escapes of the third to sixth red-team rounds, each a different path to a real object, run
+here against the first wall alone (an in-process sandbox, the fuzzer's oracle on what the
+namespace holds) and, for the shadow's paths, in shadow mode with lazy values resolving. Then
+the doors themselves: each kind of door is shown to admit, by a cell that would bind a real
+object through it if it did not.
 """
 
 from __future__ import annotations
@@ -316,10 +315,74 @@ D()
 }
 
 
-@pytest.mark.parametrize("name", sorted(ROUND_THREE) + sorted(ROUND_FOUR) + sorted(ROUND_FIVE))
+ROUND_SIX = {
+    "stdlib-method-through-a-made-subclass-makes-a-class": """
+import collections, collections.abc
+class CM(collections.ChainMap):
+    pass
+class K:
+    maps = [(collections.abc.Sized,), {'__len__': 0}]
+try:
+    made = CM.new_child(K, 'Field')
+    print('ESCAPED', made)
+except TypeError:
+    print('refused')
+""",
+    "stdlib-methods-copied-onto-an-lru-wrapper": """
+import collections, functools, textwrap
+try:
+    make = functools.lru_cache(collections.ChainMap).new_child
+    print('ESCAPED', make)
+except (TypeError, AttributeError):
+    print('refused')
+try:
+    t = functools.lru_cache(textwrap.TextWrapper).unicode_whitespace_trans
+    t[32] = 'X'
+except (TypeError, AttributeError):
+    pass
+if textwrap.fill('a b') != 'a b':
+    print('ESCAPED shared state')
+""",
+    "stdlib-setstate-on-a-shared-member": """
+import random, re
+class R(random.Random):
+    pass
+try:
+    R.setstate(re.IGNORECASE, (3, (), 'w1'))
+except TypeError:
+    pass
+if getattr(re.IGNORECASE, 'gauss_next', None) == 'w1':
+    print('ESCAPED written')
+""",
+    "descriptor-around-a-c-callable-captures-raw-objects": """
+import functools
+box = {}
+try:
+    grab = classmethod(property(functools.partial(dict.setdefault, box)))
+    print('ESCAPED', grab)
+except TypeError:
+    print('refused')
+""",
+    "dataclasses-replace-on-a-duck-typed-object": """
+import dataclasses
+class Fake:
+    pass
+try:
+    dataclasses.replace(Fake())
+    print('ESCAPED')
+except TypeError:
+    print('refused')
+""",
+}
+
+
+ALL_ROUNDS = {**ROUND_THREE, **ROUND_FOUR, **ROUND_FIVE, **ROUND_SIX}
+
+
+@pytest.mark.parametrize("name", sorted(ALL_ROUNDS))
 def test_red_team_escapes_are_contained(name):
     sandbox = Sandbox()
-    outcome = sandbox.execute({**ROUND_THREE, **ROUND_FOUR, **ROUND_FIVE}[name])
+    outcome = sandbox.execute(ALL_ROUNDS[name])
     assert ESCAPE not in outcome.stdout, outcome.stdout
     assert violations(sandbox) == []
     if outcome.final is not None:

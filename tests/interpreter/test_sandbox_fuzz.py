@@ -21,7 +21,7 @@ EXAMPLES = int(os.environ.get("AGENTRT_FUZZ_EXAMPLES", "150"))
 
 METACLASS_FROM_ALIAS = ["class M(TypeAlias):\n    field = 1\nv0 = M"]
 """An escape of an earlier round: a typing alias whose ``__mro_entries__`` is ``type``
-(``typing.Type[int]``; the facade no longer shows it, so the tests put it in the namespace
+(``typing.Type[int]``; the facade no longer shows it, so the tests put it among the builtins
 themselves as ``TypeAlias``)."""
 
 
@@ -53,13 +53,13 @@ def test_the_old_class_path_is_found(monkeypatch: pytest.MonkeyPatch):
         return builtins.__build_class__(body, name, *bases, **keywords)
 
     sandbox.install_builtin("__build_class__", build_class)
-    sandbox.namespace["TypeAlias"] = typing.Type[int]
+    sandbox.namespace["__builtins__"]["TypeAlias"] = typing.Type[int]
     found = run_program(METACLASS_FROM_ALIAS, sandbox)
     assert found and "metaclass" in found[0]
 
 
 def test_the_class_builder_refuses_the_alias_of_a_metaclass():
     sandbox = Sandbox()
-    sandbox.namespace["TypeAlias"] = typing.Type[int]
+    sandbox.namespace["__builtins__"]["TypeAlias"] = typing.Type[int]
     assert run_program(METACLASS_FROM_ALIAS, sandbox) == []
     assert "M" not in sandbox.namespace
