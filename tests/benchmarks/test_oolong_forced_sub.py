@@ -1,0 +1,50 @@
+"""``--sub forced``: the simulated sub-model's answers teacher-forced through the root's native
+engine, end to end through the runner, against the simulated sub-model itself."""
+
+import json
+import os
+from pathlib import Path
+
+from benchmarks.oolong import bench
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+TINY = ["--sizes", "512", "--per-size", "1", "--types", "label_count", "--styles", "small",
+        "--repeats", "1", "--no-plot"]
+
+
+def _records(out: Path) -> dict[str, dict]:
+    paths = (out / "traces").rglob("*.json")
+    return {(r := json.loads(p.read_text()))["mode"]: r for p in paths if ".perfetto" not in p.name}
+
+
+def test_forced_sub_calls_answer_as_simulated_and_are_prefilled_on_the_engine(tmp_path):
+    simulated, forced = tmp_path / "simulated", tmp_path / "forced"
+    assert bench.main([*TINY, "--engine", "replay", "--root-tps", "2000", "--sub-decode-tps",
+                       "3000", "--out", str(simulated)]) == 0
+    assert bench.main([*TINY, "--engine", "forced", "--sub", "forced", "--modes",
+                       "sequential+plain,speculative+specdec", "--out", str(forced)]) == 0
+    reference = next(iter(_records(simulated).values()))
+    runs = _records(forced)
+    assert set(runs) == {"sequential+plain", "speculative+specdec"}
+    for mode, r in runs.items():
+        # the same program, the same sub-call answers (digests), the same answer and score
+        assert r["status"] == "final" and r["score"] == 1.0 == reference["score"]
+        assert r["answer"] == reference["answer"]
+        assert r["calls"] == reference["calls"] and r["calls"]
+        sub = r["sub"]
+        assert sub["calls"] == len(r["calls"])
+        # every prompt token was run through the model or served from the prefix cache
+        assert sub["prompt_tokens"] > 400 and sub["prefill_tokens"] > 0
+        assert sub["prefill_tokens"] + sub["cached_tokens"] == sub["prompt_tokens"]
+        assert sub["generated_tokens"] > 0
+        # the drafter drafts the sub-call answers in the speculative decoding modes only
+        assert (sub["draft_tokens"] > 0) == mode.endswith("+specdec")
+        assert r["tau"] is not None and r["tokens"] > 0  # the root's own counters
+    assert "Sub-calls on the root's engine" in (forced / "summary.md").read_text()
+    assert "sub-model forced" in json.loads((forced / "summary.json").read_text())["setting"]
+
+
+def test_forced_sub_needs_a_native_root(tmp_path, capsys):
+    assert bench.main([*TINY, "--engine", "replay", "--sub", "forced",
+                       "--out", str(tmp_path)]) == 2
+    assert "--sub forced shares the root's native engine" in capsys.readouterr().err
