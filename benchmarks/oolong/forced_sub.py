@@ -8,8 +8,9 @@ errors), streamed by teacher forcing: one real forward per verify step, drafts f
 drafter accepted iff they match the answer. The answers, hence the program's results and score,
 are the simulated sub-model's exactly; the time and τ are the engine's.
 
-The engine's metrics count every request it serves; `tally` holds the sub-calls' own (those that
-finished), so the runner can tell the root's counters from the sub-calls'.
+The engine's metrics count every request it serves; `tally` holds one sub-model's sub-calls (those
+that finished) and ``shared`` every forced sub-call on the engine, whichever run made it, so the
+runner can tell the root's counters from the sub-calls' even when several runs share the engine.
 """
 
 from __future__ import annotations
@@ -24,6 +25,17 @@ from agentrt.engine.metrics import DecodeMetrics
 
 from .server import Oracle
 
+_SHARED_LOCK = threading.Lock()
+
+
+def snapshot(shared: DecodeMetrics) -> DecodeMetrics:
+    """A copy of a ``shared`` tally, taken under its lock."""
+    with _SHARED_LOCK:
+        copy = DecodeMetrics()
+        copy.merge(shared)
+        return copy
+
+
 if TYPE_CHECKING:  # the native engine needs torch; keep this import cheap
     from agentrt.engine.native import NativeEngine
 
@@ -37,9 +49,12 @@ class ForcedSubModel(BaseEngine):
 
     name = "forced-sub"
 
-    def __init__(self, engine: NativeEngine, oracle: Oracle) -> None:
+    def __init__(self, engine: NativeEngine, oracle: Oracle,
+                 shared: DecodeMetrics | None = None) -> None:
         self.engine = engine
         self.oracle = oracle
+        self.shared = shared
+        """Where every forced sub-call on ``engine`` is merged too (read it with `snapshot`)."""
         self.tally = DecodeMetrics()
         """The finished sub-calls' metrics, merged (prompt, prefill and cached tokens included)."""
         self.calls = 0
@@ -67,6 +82,9 @@ class ForcedSubModel(BaseEngine):
                 self.prompt_tokens += last.usage.prompt_tokens
             if last.metrics is not None:
                 self.tally.merge(last.metrics)
+        if last.metrics is not None and self.shared is not None:
+            with _SHARED_LOCK:
+                self.shared.merge(last.metrics)
 
     def counters(self) -> dict[str, float | int | None]:
         """The sub-calls so far: calls, prompt / prefilled / cached tokens, answer tokens, verify

@@ -28,9 +28,10 @@ from typing import Any
 from agentrt import Agent, ReplLimits
 from agentrt.agent import SUB_QUERY_PRIORITY
 from agentrt.engine.base import Engine, SamplingParams, complete
+from agentrt.engine.metrics import DecodeMetrics
 from agentrt.llm_tools import make_llm_tools
 
-from .forced_sub import ForcedSubModel
+from .forced_sub import ForcedSubModel, snapshot
 from .root_prompt import SYSTEM_PROMPT, task_message
 from .scoring import score
 from .server import MODEL_NAME, Oracle
@@ -70,17 +71,27 @@ class SubModel:
     model: str = MODEL_NAME
     engine: Engine | None = None
     oracle: Oracle | None = None
+    forced: dict[int, DecodeMetrics] = field(default_factory=dict)
+    """Per root engine (by id), every forced sub-call it served, whichever run made it."""
 
     def make_engine(self, root_engine: Engine | None = None) -> Engine:
         """The engine one run's ``llm_query`` calls use (``root_engine``: the native engine the
         run's root streams through, which a forced sub-model shares)."""
         if self.oracle is not None:
-            return ForcedSubModel(root_engine, self.oracle)
+            return ForcedSubModel(root_engine, self.oracle,
+                                  self.forced.setdefault(id(root_engine), DecodeMetrics()))
         if self.engine is not None:
             return self.engine
         from agentrt.engine import OpenAIEngine
 
         return OpenAIEngine(base_url=self.url, model=self.model, server_metrics=False)
+
+    def forced_metrics(self, root_engine: Engine | None) -> DecodeMetrics | None:
+        """What the forced sub-calls on ``root_engine`` (every run's) have cost so far; None
+        without a forced sub-model."""
+        if self.oracle is None:
+            return None
+        return snapshot(self.forced.setdefault(id(root_engine), DecodeMetrics()))
 
 
 @dataclass
@@ -149,15 +160,18 @@ def _metrics(engine: Engine | None) -> Any:
     return target.metrics() if target is not None and hasattr(target, "metrics") else None
 
 
-def engine_counters(before: Any, after: Any, others: Any = None
-                    ) -> tuple[float | None, int, float]:
-    """(tau, generated tokens, generation seconds) between two metric snapshots, less
-    ``others`` (the metrics of requests that were not the root's: forced sub-calls)."""
+def engine_counters(before: Any, after: Any, others_before: Any = None,
+                    others_after: Any = None) -> tuple[float | None, int, float]:
+    """(tau, generated tokens, generation seconds) between two metric snapshots, less what
+    requests that were not roots' (forced sub-calls: ``others_*``, snapshots taken with them)
+    added in between."""
     if before is None or after is None:
         return None, 0, 0.0
     fields = ("verify_steps", "accepted_tokens", "generated_tokens", "wall_s")
-    steps, accepted, tokens, wall = (getattr(after, f) - getattr(before, f)
-                                     - (getattr(others, f) if others is not None else 0)
+    def others(f: str) -> float:
+        return 0 if others_after is None else getattr(others_after, f) - getattr(others_before, f)
+
+    steps, accepted, tokens, wall = (getattr(after, f) - getattr(before, f) - others(f)
                                      for f in fields)
     tau = (accepted + steps) / steps if steps else None
     return tau, tokens, wall
@@ -214,7 +228,8 @@ async def _run_agent(task: Task, style: str, mode: str, repeat: int, setting: Se
     """One run of agentrt's own loop."""
     tools_mode, decode = mode.split("+")
     engine = root.engine_for(task, style, decode, setting)
-    sub_engine = sub.make_engine(root.engines.get(decode))
+    root_engine = root.engines.get(decode)
+    sub_engine = sub.make_engine(root_engine)
     forced_sub = isinstance(sub_engine, ForcedSubModel)
     sub_params = SamplingParams(max_tokens=args.sub_max_tokens,
                                 priority=SUB_QUERY_PRIORITY if forced_sub else 0)
@@ -226,15 +241,16 @@ async def _run_agent(task: Task, style: str, mode: str, repeat: int, setting: Se
                   system_prompt=SYSTEM_PROMPT, examples=root.few_shot.get(task.id, []),
                   sampling=SamplingParams(max_tokens=args.max_tokens,
                                           temperature=args.temperature, seed=args.seed))
-    before = _metrics(engine)
+    before, sub_before = _metrics(engine), sub.forced_metrics(root_engine)
     started = time.time()
     try:
         result = await agent.run(task_message(task.question), task.context)
     finally:
         if sub.engine is None:
             await sub_engine.aclose()
-    tau, tokens, gen_s = engine_counters(before, _metrics(engine),
-                                         sub_engine.metrics() if forced_sub else None)
+    # the root's own: less every forced sub-call on its engine meanwhile (concurrent runs' too)
+    tau, tokens, gen_s = engine_counters(before, _metrics(engine), sub_before,
+                                         sub.forced_metrics(root_engine))
     if tokens <= 0 or gen_s <= 0:  # no engine counters: count replay pieces over the stream time
         from agentrt.engine.replay import split_tokens
 

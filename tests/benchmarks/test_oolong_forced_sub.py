@@ -1,11 +1,16 @@
 """``--sub forced``: the simulated sub-model's answers teacher-forced through the root's native
 engine, end to end through the runner, against the simulated sub-model itself."""
 
+import asyncio
+import dataclasses
 import json
 import os
 from pathlib import Path
 
-from benchmarks.oolong import bench
+from agentrt.engine.base import Delta, Usage
+from agentrt.engine.metrics import DecodeMetrics
+
+from benchmarks.oolong import bench, runs
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 TINY = ["--sizes", "512", "--per-size", "1", "--types", "label_count", "--styles", "small",
@@ -48,3 +53,49 @@ def test_forced_sub_needs_a_native_root(tmp_path, capsys):
     assert bench.main([*TINY, "--engine", "replay", "--sub", "forced",
                        "--out", str(tmp_path)]) == 2
     assert "--sub forced shares the root's native engine" in capsys.readouterr().err
+
+
+class _Engine:
+    """Stands for the native engine: each request adds its metrics to the engine's."""
+
+    def __init__(self) -> None:
+        self.total = DecodeMetrics()
+
+    def metrics(self) -> DecodeMetrics:
+        return dataclasses.replace(self.total)
+
+    def serve(self, steps: int, accepted: int, wall_s: float) -> DecodeMetrics:
+        m = DecodeMetrics(generated_tokens=steps + accepted, verify_steps=steps,
+                          accepted_tokens=accepted, wall_s=wall_s)
+        self.total.merge(m)
+        return m
+
+    async def stream(self, messages, params=None, *, forced_text=None):
+        yield Delta(forced_text, finish_reason="stop", usage=Usage(5, 4),
+                    metrics=self.serve(2, 2, 1.0))
+
+
+class _Oracle:
+    def reply(self, prompt: str) -> str:
+        return "label"
+
+
+def test_the_roots_counters_leave_out_every_forced_sub_call_on_its_engine():
+    """Two runs at once on one engine: each run's root counters are its engine's less every
+    forced sub-call served meanwhile, its own and the other run's."""
+    engine, sub = _Engine(), runs.SubModel("forced", oracle=_Oracle())
+    mine, other = sub.make_engine(engine), sub.make_engine(engine)
+    before, sub_before = engine.metrics(), sub.forced_metrics(engine)
+
+    async def run() -> None:
+        for s in (mine, other, mine):
+            async for _ in s.stream([{"role": "user", "content": "rows"}]):
+                pass
+
+    asyncio.run(run())
+    engine.serve(steps=10, accepted=5, wall_s=2.0)  # the root's own request
+    tau, tokens, wall = runs.engine_counters(before, engine.metrics(), sub_before,
+                                             sub.forced_metrics(engine))
+    assert (tau, tokens, wall) == (1.5, 15, 2.0)
+    assert mine.counters()["calls"] == 2 and other.counters()["calls"] == 1
+    assert mine.counters()["prompt_tokens"] == 10
