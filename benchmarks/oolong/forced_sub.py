@@ -20,7 +20,8 @@ import threading
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING
 
-from agentrt.engine.base import BaseEngine, Delta, Message, SamplingParams, check_messages
+from agentrt.engine.base import (BaseEngine, Delta, EngineError, Message, SamplingParams,
+                                 check_messages)
 from agentrt.engine.metrics import DecodeMetrics
 
 from .server import Oracle
@@ -69,10 +70,16 @@ class ForcedSubModel(BaseEngine):
         prompt = "\n".join(m["content"] for m in check_messages(messages))
         answer = self.oracle.reply(prompt)
         deltas = self.engine.stream(messages, params, forced_text=answer)
+        streamed = []
         async with contextlib.aclosing(deltas):
             async for delta in deltas:
+                streamed.append(delta.text)
                 if delta.finish_reason is not None:
                     self._count(delta)
+                    if "".join(streamed) != answer:  # cut at max_tokens or the context's end
+                        raise EngineError(
+                            f"forced sub-call ended ({delta.finish_reason}) before the simulated "
+                            f"answer's end: {len(''.join(streamed))} of {len(answer)} characters")
                 yield delta
 
     def _count(self, last: Delta) -> None:

@@ -7,7 +7,8 @@ import json
 import os
 from pathlib import Path
 
-from agentrt.engine.base import Delta, Usage
+import pytest
+from agentrt.engine.base import Delta, EngineError, Usage
 from agentrt.engine.metrics import DecodeMetrics
 
 from benchmarks.oolong import bench, runs
@@ -99,3 +100,18 @@ def test_the_roots_counters_leave_out_every_forced_sub_call_on_its_engine():
     assert (tau, tokens, wall) == (1.5, 15, 2.0)
     assert mine.counters()["calls"] == 2 and other.counters()["calls"] == 1
     assert mine.counters()["prompt_tokens"] == 10
+
+
+def test_a_forced_sub_call_cut_short_is_an_error_not_another_answer():
+    class Cut(_Engine):
+        async def stream(self, messages, params=None, *, forced_text=None):
+            yield Delta(forced_text[:2], finish_reason="length", metrics=self.serve(1, 0, 0.1))
+
+    sub = runs.SubModel("forced", oracle=_Oracle()).make_engine(Cut())
+
+    async def run() -> None:
+        async for _ in sub.stream([{"role": "user", "content": "rows"}]):
+            pass
+
+    with pytest.raises(EngineError, match=r"ended \(length\) before the simulated answer's end"):
+        asyncio.run(run())
