@@ -3,9 +3,11 @@
 Every task runs in every mode, ``--repeats`` times: {sequential, speculative} tool calls x
 {plain, speculative} decoding of the root (replay roots: tool modes only, at each
 ``--root-tps``). The sub-model behind ``llm_query`` / ``llm_query_batched`` is the simulated
-deployment (`benchmarks.oolong.server`, started and stopped here) unless ``--sub-base-url`` or
-``--sub native`` says otherwise. The root is ``--engine forced`` by default: reference RLM-style
-trajectories streamed through the native engine by teacher forcing (real forwards, real tau).
+deployment (`benchmarks.oolong.server`, started and stopped here) unless ``--sub-base-url``,
+``--sub native`` or ``--sub forced`` (the same answers, teacher-forced through the root's native
+engine: `benchmarks.oolong.forced_sub`) says otherwise. The root is ``--engine forced`` by
+default: reference RLM-style trajectories streamed through the native engine by teacher forcing
+(real forwards, real tau).
 
 Honest measurement (docs/oolong.md): mode order rotates per task and repeat; every run starts
 from reset engine state; failed runs (error, no FINAL, turn limit) are counted and never enter a
@@ -49,6 +51,13 @@ DECODE_MODES = ("plain", "specdec")
 LIVE_FEW_SHOT = {"native": 2, "vllm": 0, "openai": 0}
 DEFAULT_VLLM_SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
                      "prompt_lookup_min": 2}
+FORCED_SUB_ENGINE = {"max_seq_len": 8192, "kv_cache_bytes": 2 * 2**30}
+"""Root engine settings with ``--sub forced``: room for a sub-call prompt of a 64K task (~5K
+tokens, within SmolLM2's 8,192 positions) and KV blocks for ~90K tokens, so a batch of fat
+prompts fits at once."""
+FORCED_SUB_CELL_WALL_S = 1800.0
+"""A cell's wall-clock limit with ``--sub forced``: a batch of fat prompts prefilled and answered
+on a CPU takes minutes (a 16K task's batch ~2 min on 2 cores), past the REPL's default 120 s."""
 
 
 class BenchError(Exception):
@@ -114,12 +123,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="replay roots: also run the peer (spec-ptc, its virtualenv built by "
                         ".ci/peer-venv.sh) on the same trajectories, pace and sub-model")
     g = p.add_argument_group("sub-model")
-    g.add_argument("--sub", choices=("simulated", "native"), default="simulated")
+    g.add_argument("--sub", choices=("simulated", "native", "forced"), default="simulated",
+                   help="simulated: the simulated deployment (default); native: SmolLM2 "
+                        "generating freely; forced: the simulated answers teacher-forced through "
+                        "the root's native engine (roots forced and native)")
     g.add_argument("--sub-base-url", help="any OpenAI-compatible /v1 URL (overrides --sub)")
     g.add_argument("--sub-model", help="model name at --sub-base-url (default: its first)")
     g.add_argument("--sub-max-tokens", type=int, default=8192)
     g.add_argument("--error-rate", type=float, default=0.0,
                    help="simulated sub-model: share of rows it labels wrongly (seeded)")
+    g.add_argument("--cell-wall-s", type=float,
+                   help="wall-clock limit of one REPL cell, its tool calls included (default "
+                        f"{FORCED_SUB_CELL_WALL_S:g} s with --sub forced, whose sub-calls run on "
+                        "this CPU; else the REPL's own, 120 s)")
     g.add_argument("--tool-concurrency", type=int,
                    help="cap on llm_query calls in flight at once per run (default: none)")
     add_latency_arguments(g)
@@ -209,10 +225,12 @@ def build_root(args, tasks: list[Task], styles: dict[str, str]) -> Root:
         from agentrt.engine import NativeEngine
 
         method = spec.pop("method", "suffix")
+        extra = FORCED_SUB_ENGINE if args.sub == "forced" and not args.sub_base_url else {}
         root.engines = {
-            "plain": NativeEngine(model=args.model, dtype=args.dtype, drafter=None, seed=0),
+            "plain": NativeEngine(model=args.model, dtype=args.dtype, drafter=None, seed=0,
+                                  **extra),
             "specdec": NativeEngine(model=args.model, dtype=args.dtype, drafter=method,
-                                    seed=0, **spec)}
+                                    seed=0, **{**spec, **extra})}
     elif kind == "vllm":
         from agentrt.engine import VLLMEngine
 
@@ -346,6 +364,8 @@ def _plan(args) -> tuple[list[Setting], list[Task], dict[str, str], list[str]]:
     modes = [m for m in modes_all if m in modes]  # the base first, in a fixed order
     if args.repeats < 1:
         raise BenchError("--repeats must be >= 1")
+    if args.cell_wall_s is not None and not args.cell_wall_s > 0:
+        raise BenchError("--cell-wall-s must be > 0")
     if args.tool_concurrency is not None and args.tool_concurrency < 1:
         raise BenchError("--tool-concurrency must be >= 1")
     levels = [int(x) for x in _floats(args.concurrent_tasks)]
@@ -377,6 +397,16 @@ def _sub_model(args, tasks: list[Task], tasks_file: Path):
         return SubModel("native", engine=NativeEngine(model=args.model, dtype=args.dtype,
                                                       drafter=None, seed=0)), None
     check_simulatable(tasks)
+    if args.sub == "forced":
+        if not 0.0 <= args.error_rate <= 1.0:
+            raise BenchError("--error-rate must be within [0, 1]")
+        if args.engine not in ("forced", "native") or args.harness != "agentrt":
+            raise BenchError("--sub forced shares the root's native engine: use --engine forced "
+                             "or native, with agentrt's own harness")
+        from .server import Oracle
+
+        return SubModel("forced", oracle=Oracle.from_tasks(tasks, args.error_rate,
+                                                           args.seed)), None
     server = SimulatedProcess(tasks_file, args)
     check_url(server.url)
     return SubModel("simulated", server.url), server
@@ -384,6 +414,8 @@ def _sub_model(args, tasks: list[Task], tasks_file: Path):
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.cell_wall_s is None and args.sub == "forced" and not args.sub_base_url:
+        args.cell_wall_s = FORCED_SUB_CELL_WALL_S
     started = time.monotonic()
     try:
         latency_from_args(args)
@@ -467,7 +499,10 @@ def write_report(args, settings, tasks, modes, root: Root, sub: SubModel, record
     sizes = sorted({size_label(t.context_tokens) for t in tasks}, key=lambda x: float(x[:-1]))
     head = (f"{len(tasks)} tasks ({', '.join(sizes)} context tokens), root `{args.engine}` ({root_desc}; temperature "
             f"{args.temperature:g}), few-shot {max(few)}, sub-model {sub.kind}"
-            + (f" (error rate {args.error_rate:g})" if sub.kind == "simulated" else "")
+            + (" (the simulated answers teacher-forced through the root's native engine)"
+               if sub.kind == "forced" else "")
+            + (f" (error rate {args.error_rate:g})" if sub.kind in ("simulated", "forced")
+               else "")
             + f", {args.repeats} repeats, seed {args.seed}. Isolation: {root.isolation()}.")
     parts = [head]
     for s, summary in summaries:

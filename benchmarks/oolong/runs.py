@@ -7,10 +7,15 @@ Root kinds:
 - ``replay``: the reference trajectory streamed at a fixed token rate (``--root-tps``);
 - ``native`` / ``vllm`` / ``openai``: a live model writes the code.
 
+Sub-models: an OpenAI-compatible URL (the simulated deployment by default), a native engine
+generating freely, or ``forced``: the simulated answers teacher-forced through the root's own
+native engine (`forced_sub.ForcedSubModel`), at `SUB_QUERY_PRIORITY` as the agent sends them to
+an engine it shares with its root.
+
 Isolation: before every run (every wave, with concurrent tasks) the root engine's drafter state
 and prefix cache are reset where the backend can do it (`NativeEngine.reset`), then the task's
 system prompt (and few-shot turns), which hold nothing of its answer, are prefilled, so every
-mode starts from the same engine state.
+mode starts from the same engine state (a forced sub-model's too: it is the same engine).
 """
 
 from __future__ import annotations
@@ -20,13 +25,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentrt import Agent
+from agentrt import Agent, ReplLimits
+from agentrt.agent import SUB_QUERY_PRIORITY
 from agentrt.engine.base import Engine, SamplingParams, complete
+from agentrt.engine.metrics import DecodeMetrics
 from agentrt.llm_tools import make_llm_tools
 
+from .forced_sub import ForcedSubModel, snapshot
 from .root_prompt import SYSTEM_PROMPT, task_message
 from .scoring import score
-from .server import MODEL_NAME
+from .server import MODEL_NAME, Oracle
 from .tasks import Task
 from .trajectories import SHAPE, shape_of, trajectory
 
@@ -55,19 +63,35 @@ class Setting:
 
 @dataclass
 class SubModel:
-    """Where ``llm_query`` goes: an OpenAI-compatible URL, or an engine in this process."""
+    """Where ``llm_query`` goes: an OpenAI-compatible URL, an engine in this process, or (with
+    ``oracle``) the oracle's answers forced through the root's native engine."""
 
     kind: str
     url: str | None = None
     model: str = MODEL_NAME
     engine: Engine | None = None
+    oracle: Oracle | None = None
+    forced: dict[int, DecodeMetrics] = field(default_factory=dict)
+    """Per root engine (by id), every forced sub-call it served, whichever run made it."""
 
-    def make_engine(self) -> Engine:
+    def make_engine(self, root_engine: Engine | None = None) -> Engine:
+        """The engine one run's ``llm_query`` calls use (``root_engine``: the native engine the
+        run's root streams through, which a forced sub-model shares)."""
+        if self.oracle is not None:
+            return ForcedSubModel(root_engine, self.oracle,
+                                  self.forced.setdefault(id(root_engine), DecodeMetrics()))
         if self.engine is not None:
             return self.engine
         from agentrt.engine import OpenAIEngine
 
         return OpenAIEngine(base_url=self.url, model=self.model, server_metrics=False)
+
+    def forced_metrics(self, root_engine: Engine | None) -> DecodeMetrics | None:
+        """What the forced sub-calls on ``root_engine`` (every run's) have cost so far; None
+        without a forced sub-model."""
+        if self.oracle is None:
+            return None
+        return snapshot(self.forced.setdefault(id(root_engine), DecodeMetrics()))
 
 
 @dataclass
@@ -136,14 +160,21 @@ def _metrics(engine: Engine | None) -> Any:
     return target.metrics() if target is not None and hasattr(target, "metrics") else None
 
 
-def engine_counters(before: Any, after: Any) -> tuple[float | None, int, float]:
-    """(tau, generated tokens, generation seconds) between two metric snapshots."""
+def engine_counters(before: Any, after: Any, others_before: Any = None,
+                    others_after: Any = None) -> tuple[float | None, int, float]:
+    """(tau, generated tokens, generation seconds) between two metric snapshots, less what
+    requests that were not roots' (forced sub-calls: ``others_*``, snapshots taken with them)
+    added in between."""
     if before is None or after is None:
         return None, 0, 0.0
-    steps = after.verify_steps - before.verify_steps
-    accepted = after.accepted_tokens - before.accepted_tokens
+    fields = ("verify_steps", "accepted_tokens", "generated_tokens", "wall_s")
+    def others(f: str) -> float:
+        return 0 if others_after is None else getattr(others_after, f) - getattr(others_before, f)
+
+    steps, accepted, tokens, wall = (getattr(after, f) - getattr(before, f) - others(f)
+                                     for f in fields)
     tau = (accepted + steps) / steps if steps else None
-    return tau, after.generated_tokens - before.generated_tokens, after.wall_s - before.wall_s
+    return tau, tokens, wall
 
 
 PEER_MODE = "spec-ptc"
@@ -162,7 +193,8 @@ def _record(task: Task, style: str, mode: str, repeat: int, setting: Setting, ro
             started: float, *, answer: Any, status: str, error: str | None, wall_s: float,
             calls: list | None, stats: dict[str, Any], turns: list[dict[str, Any]],
             code: str = "", trace: dict[str, Any] | None = None, tau: float | None = None,
-            tokens: int = 0, gen_s: float = 0.0) -> dict[str, Any]:
+            tokens: int = 0, gen_s: float = 0.0, sub: dict[str, Any] | None = None
+            ) -> dict[str, Any]:
     """A run's record: what the summary and the trace files use."""
     answer = None if answer is None else str(answer)
     return {
@@ -176,6 +208,7 @@ def _record(task: Task, style: str, mode: str, repeat: int, setting: Setting, ro
         "turns_n": len(turns), "tau": tau, "tokens": tokens,
         "tok_s": tokens / gen_s if tokens > 0 and gen_s > 0 else None,
         "calls": calls, "stats": stats, "turns": turns, "trace": trace or {"events": []},
+        "sub": sub,
     }
 
 
@@ -195,22 +228,29 @@ async def _run_agent(task: Task, style: str, mode: str, repeat: int, setting: Se
     """One run of agentrt's own loop."""
     tools_mode, decode = mode.split("+")
     engine = root.engine_for(task, style, decode, setting)
-    sub_engine = sub.make_engine()
-    tools = make_llm_tools(sub_engine, SamplingParams(max_tokens=args.sub_max_tokens),
-                           max_concurrency=args.tool_concurrency)
-    agent = Agent(engine, tools=tools, builtin_tools=False,
+    root_engine = root.engines.get(decode)
+    sub_engine = sub.make_engine(root_engine)
+    forced_sub = isinstance(sub_engine, ForcedSubModel)
+    sub_params = SamplingParams(max_tokens=args.sub_max_tokens,
+                                priority=SUB_QUERY_PRIORITY if forced_sub else 0)
+    tools = make_llm_tools(sub_engine, sub_params, max_concurrency=args.tool_concurrency)
+    wall = getattr(args, "cell_wall_s", None)
+    limits = ReplLimits(wall_s=wall) if wall is not None else None
+    agent = Agent(engine, tools=tools, builtin_tools=False, repl_limits=limits,
                   speculation=tools_mode == "speculative", max_turns=args.max_turns,
                   system_prompt=SYSTEM_PROMPT, examples=root.few_shot.get(task.id, []),
                   sampling=SamplingParams(max_tokens=args.max_tokens,
                                           temperature=args.temperature, seed=args.seed))
-    before = _metrics(engine)
+    before, sub_before = _metrics(engine), sub.forced_metrics(root_engine)
     started = time.time()
     try:
         result = await agent.run(task_message(task.question), task.context)
     finally:
         if sub.engine is None:
             await sub_engine.aclose()
-    tau, tokens, gen_s = engine_counters(before, _metrics(engine))
+    # the root's own: less every forced sub-call on its engine meanwhile (concurrent runs' too)
+    tau, tokens, gen_s = engine_counters(before, _metrics(engine), sub_before,
+                                         sub.forced_metrics(root_engine))
     if tokens <= 0 or gen_s <= 0:  # no engine counters: count replay pieces over the stream time
         from agentrt.engine.replay import split_tokens
 
@@ -226,7 +266,8 @@ async def _run_agent(task: Task, style: str, mode: str, repeat: int, setting: Se
                    turns=[{"response": t.response, "output": t.output, "error": t.error}
                           for t in result.turns],
                    code="\n".join(t.code for t in result.turns), trace=result.trace.to_dict(),
-                   tau=tau, tokens=tokens, gen_s=gen_s)
+                   tau=tau, tokens=tokens, gen_s=gen_s,
+                   sub=sub_engine.counters() if forced_sub else None)
 
 
 async def _run_rlm(task: Task, style: str, mode: str, repeat: int, setting: Setting,

@@ -189,6 +189,7 @@ def summarise(records: Sequence[Record], modes: Sequence[str], base_mode: str,
             "retracted": sum(r["stats"].get("retracted", 0) for r in good),
             "tau": statistics.mean(taus) if taus else None,
             "tok_s": _median_or_none(toks),
+            "sub": _sub_calls(good),
         }
     identical, differing, incomplete = 0, [], []
     for task, runs in by_task.items():
@@ -216,6 +217,21 @@ def summarise(records: Sequence[Record], modes: Sequence[str], base_mode: str,
         "differing": differing, "incomplete": incomplete,
         "failures": dict(sorted(failures.items(), key=lambda kv: -kv[1])),
     }
+
+
+SUB_COUNTERS = ("calls", "prompt_tokens", "prefill_tokens", "cached_tokens", "generated_tokens")
+
+
+def _sub_calls(good: Sequence[Record]) -> dict[str, float | None] | None:
+    """Sub-calls served on the root's engine (``--sub forced``): the median per succeeded run of
+    each counter, and τ over all of them; None when the runs have no such counters."""
+    subs = [r["sub"] for r in good if r.get("sub")]
+    if not subs:
+        return None
+    out: dict[str, float | None] = {k: statistics.median(s[k] for s in subs) for k in SUB_COUNTERS}
+    steps = sum(s["verify_steps"] for s in subs)
+    out["tau"] = (sum(s["accepted_tokens"] for s in subs) + steps) / steps if steps else None
+    return out
 
 
 def size_label(tokens: int) -> str:
@@ -260,6 +276,15 @@ def markdown(summary: dict[str, Any], heading: str) -> str:
             f"{_f(r['limit_s'], '.2f')} | {_f(r['efficiency'], '.2f')} | {r['score']:.2f} | "
             f"{r['hits']} | {r['wasted']} | {r['retracted']} | {_f(r['tau'], '.2f')} | "
             f"{_f(r['tok_s'], '.1f')} |")
+    subs = {m: r["sub"] for m, r in summary["modes"].items() if r.get("sub")}
+    if subs:
+        lines += ["", "Sub-calls on the root's engine (median per succeeded run; tau over all):", "",
+                  "| mode | calls | prompt tokens | prefilled | from prefix cache | answer tokens "
+                  "| tau |", "|---|---|---|---|---|---|---|"]
+        for mode, c in subs.items():
+            lines.append(f"| {mode} | {c['calls']:g} | {c['prompt_tokens']:g} | "
+                         f"{c['prefill_tokens']:g} | {c['cached_tokens']:g} | "
+                         f"{c['generated_tokens']:g} | {_f(c['tau'], '.2f')} |")
     modes = list(summary["modes"])
     for title, key in (("context size", "sizes"), ("call shape", "shapes"),
                        ("root turns", "turns")):
