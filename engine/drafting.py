@@ -25,7 +25,8 @@ def choose_drafts(decoding: Sequence[RequestState], drafter: Drafter | None,
                   policy: AdaptiveK | None, max_k: int, max_seq_len: int
                   ) -> dict[RequestState, DraftChoice]:
     """Each decoding request's `DraftChoice` for this step (at most ``max_k`` tokens, and no
-    more than its ``max_tokens`` and ``max_seq_len`` leave room for). Without ``policy``,
+    more than its ``max_tokens`` and ``max_seq_len`` leave room for; none at the prompt's last
+    token, which counts as prefill). Without ``policy``,
     ``max_k`` tokens (the fixed k). A hybrid drafter's request takes its lookup's draft or a
     model draft (`_lookup_wins`)."""
     if policy is not None:
@@ -35,7 +36,7 @@ def choose_drafts(decoding: Sequence[RequestState], drafter: Drafter | None,
     models: dict[RequestState, int] = {}  # model drafts: the most tokens each may take
     for seq in decoding:
         limit = min(max_k, seq.params.max_tokens - seq.produced - 1, max_seq_len - seq.computed - 1)
-        if drafter is None or seq.state is None or limit <= 0:
+        if drafter is None or seq.state is None or limit <= 0 or not seq.produced:
             choices[seq] = DraftChoice()
         elif drafter.hybrid:
             found = cast(HybridState, seq.state).lookup_draft(limit)

@@ -487,8 +487,10 @@ class NativeEngine(BaseEngine):
         if features is not None and seq.state is not None:  # rejected draft rows are dropped
             seq.state.add_features(seq.computed, features[:written])
         m = seq.metrics
-        if not decode:
-            self._count_prefill(seq, rows.n)
+        if not decode or not seq.produced:
+            # a decode row at the prompt's last token (a chunk or the prefix cache stopped one
+            # short) is that token's prefill, as when the chunk reaches it: no verify step
+            self._count_prefill(seq, rows.n if not decode else 1)
         else:
             m.record_step(len(drafted), accepted)
             m.draft_s += draft_s

@@ -55,12 +55,6 @@ async def forced(engine: NativeEngine, text: str, messages=ASK, params: Sampling
     return await complete(ForcedEngine(engine, [text]), messages, params)
 
 
-def first_token_from_prefill(m) -> int:
-    """1 when the prompt's last chunk was prefilled (that step gives the first token), 0 when the
-    whole prompt came from the prefix cache (the first token comes from a verify step)."""
-    return 1 if m.prefill_tokens else 0
-
-
 # ----------------------------------------------------------------------------- forced text
 
 async def test_plain_forced_stream_is_the_script_one_step_per_token(plain):
@@ -75,7 +69,7 @@ async def test_plain_forced_stream_is_the_script_one_step_per_token(plain):
     m = last.metrics
     assert last.usage.completion_tokens == m.generated_tokens == len(script) + 1  # + end of turn
     assert m.tau == 1.0 and m.draft_tokens == 0
-    assert m.verify_steps == len(script) + 1 - first_token_from_prefill(m)
+    assert m.verify_steps == len(script)  # the first token comes with the prompt's prefill
 
 
 async def test_forced_request_reads_the_real_prompt(plain):
@@ -88,6 +82,23 @@ async def test_forced_request_reads_the_real_prompt(plain):
         assert out.metrics.prefill_tokens + out.metrics.cached_tokens == n
         assert out.text == "ok"
     assert n > 100
+
+
+async def test_a_chunk_that_stops_one_short_counts_the_last_prompt_token_as_prefill(suffix):
+    """A prompt whose chunks end one token before its end runs that token as a decode row:
+    it still counts as prefilled, draws no draft and is no verify step."""
+    n = len(suffix.tokenizer.encode_chat(ASK))
+    eng = NativeEngine(drafter="suffix", draft_tokens=4, max_seq_len=1024, prefill_chunk=n - 1,
+                       prefix_cache=False)
+    try:
+        out = await complete(ForcedEngine(eng, [CODE]), ASK)
+    finally:
+        eng.close()
+    m = out.metrics
+    assert out.text == CODE
+    assert m.prefill_tokens == n and m.cached_tokens == 0
+    assert m.generated_tokens == len(suffix.tokenizer.encode(CODE)) + 1
+    assert m.verify_steps + m.accepted_tokens == m.generated_tokens - 1
 
 
 async def test_max_tokens_stop_strings_and_bad_scripts(plain):
