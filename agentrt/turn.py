@@ -26,6 +26,7 @@ from agentrt.interpreter.segmenter import (
     StatementClosed,
 )
 
+from .errors import AgentrtError
 from .events import (
     BlockClosedEvent,
     BlockOpenedEvent,
@@ -61,7 +62,7 @@ class Block:
     code: str
 
 
-class CellFailed(Exception):
+class CellFailed(AgentrtError):
     """A cell could not run, and the turn goes on: ``str(self)`` is the block's error."""
 
 

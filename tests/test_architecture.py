@@ -19,8 +19,9 @@ ALLOWED = {"agentrt": {"agentrt", "interpreter", "tools", "engine", "kernels"},
            "interpreter": {"interpreter", "tools"}, "tools": {"tools"},
            "engine": {"engine", "kernels"}, "kernels": {"kernels"}}
 SUBPACKAGES = {"interpreter", "tools", "engine", "kernels"}
-# Standard-library-only helpers every layer may use.
-SHARED = {"agentrt.lazy_exports"}
+# Standard-library-only helpers every layer may use: lazy package exports, and the error root
+# (AgentrtError) that every layer's errors derive from.
+SHARED = {"agentrt.lazy_exports", "agentrt.errors"}
 
 
 def module_files() -> dict[str, Path]:
