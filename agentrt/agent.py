@@ -495,7 +495,7 @@ class _Run:
                         turn.finish()
                     except _Failure as failure:  # the blocks already closed still run
                         stream_error = failure
-            await turn.settle()
+            await turn.end_speculation()
         finally:
             record.response = "".join(text)
             record.finished_s = self.trace.now()

@@ -160,9 +160,9 @@ class Turn:
                                      result.final is not None))
         return result
 
-    async def settle(self) -> None:
+    async def end_speculation(self) -> None:
         """The turn's code is over (its blocks ran, or the response died): speculation
-        settles its early calls and stops its shadow."""
+        counts its early calls (`Claims.settle`) and stops its shadow."""
         await self.calls.speculator.end_turn()
 
     def finished(self, finish_reason: str | None = None, completion_tokens: int = 0) -> None:
