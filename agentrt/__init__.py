@@ -43,7 +43,13 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
 __all__ = [*__all__, "__version__"]
 
 if TYPE_CHECKING:  # pragma: no cover
-    from agentrt.engine import Engine, EngineError, NativeEngine, ReplayEngine, SamplingParams
+    from agentrt.engine import (
+        Engine,
+        EngineError,
+        NativeEngine,
+        ReplayEngine,
+        SamplingParams,
+    )
     from agentrt.interpreter.repl import ReplError, ReplLimits
     from agentrt.ledger import SpeculationBudget
     from agentrt.tools import Tool, ToolError, tool
