@@ -2,7 +2,9 @@
 
 The public entry points: `Agent` (the run loop), `tool` (register a Python function as a tool),
 the engines (`NativeEngine`, `ReplayEngine` here; `VLLMEngine`, `OpenAIEngine` in
-`agentrt.engine`), `RunResult` and `Trace`.
+`agentrt.engine`), `RunResult` and `Trace`. Every error agentrt raises on its own account derives
+from `AgentrtError` (`EngineError` from an engine, `ReplError` from the sandboxed REPL, `ToolError`
+from the tool layer); `RunInterrupted` is an interrupt, not an error.
 
 Names are imported lazily, so the sandbox worker (``agentrt.interpreter.worker``) starts without
 loading the runtime.
@@ -18,6 +20,7 @@ __version__ = "0.1.0"
 
 __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "Agent": ".agent",
+    "AgentrtError": ".errors",
     "BlockRecord": ".results",
     "RunInterrupted": ".results",
     "RunResult": ".results",
@@ -26,9 +29,11 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "Event": ".trace",
     "Trace": ".trace",
     "Engine": ".engine",
+    "EngineError": ".engine",
     "NativeEngine": ".engine",
     "ReplayEngine": ".engine",
     "SamplingParams": ".engine",
+    "ReplError": ".interpreter.repl",
     "ReplLimits": ".interpreter.repl",
     "SpeculationBudget": ".ledger",
     "Tool": ".tools",
@@ -38,11 +43,18 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
 __all__ = [*__all__, "__version__"]
 
 if TYPE_CHECKING:  # pragma: no cover
-    from agentrt.engine import Engine, NativeEngine, ReplayEngine, SamplingParams
-    from agentrt.interpreter.repl import ReplLimits
+    from agentrt.engine import (
+        Engine,
+        EngineError,
+        NativeEngine,
+        ReplayEngine,
+        SamplingParams,
+    )
+    from agentrt.interpreter.repl import ReplError, ReplLimits
     from agentrt.ledger import SpeculationBudget
     from agentrt.tools import Tool, ToolError, tool
 
     from .agent import Agent
+    from .errors import AgentrtError
     from .results import BlockRecord, RunInterrupted, RunResult, RunStats, TurnRecord
     from .trace import Event, Trace

@@ -29,6 +29,7 @@ from agentrt.interpreter.protocol import to_plain
 from agentrt.tools import DEFAULT_TOOL_TIMEOUT_S, Tool, ToolRegistry
 
 from . import prompts
+from .errors import AgentrtError
 from .events import RunError, RunFinished, RunStarted
 from .ledger import SpeculationBudget
 from .llm_tools import make_llm_tools
@@ -272,7 +273,7 @@ class _Listener:
             log.exception("the on_event listener failed on a %r event", event.kind)
 
 
-class _Failure(Exception):
+class _Failure(AgentrtError):
     """What stopped a run: ``cause``, raised by ``where`` (e.g. ``"turn 2, engine 'openai'"``),
     at ``at`` seconds into the run."""
 
@@ -494,7 +495,7 @@ class _Run:
                         turn.finish()
                     except _Failure as failure:  # the blocks already closed still run
                         stream_error = failure
-            await turn.settle()
+            await turn.end_speculation()
         finally:
             record.response = "".join(text)
             record.finished_s = self.trace.now()

@@ -73,7 +73,7 @@ class Claims:
     def settle(self, *, turn: int | None = None, block: int | None = None) -> None:
         """Count the unclaimed early calls (of ``turn`` and ``block``, if given) once each:
         wasted if the program made that call in their block, else retracted."""
-        for call in self.ledger.settle(turn=turn, block=block):
+        for call in self.ledger.retire(turn=turn, block=block):
             asked = self._asked.get((call.origin.turn, call.origin.block), Counter())
             reason = "wasted" if asked[call.key] else "retracted"
             if reason == "wasted":

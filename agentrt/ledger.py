@@ -7,8 +7,8 @@ that finds nothing is a miss and the caller invokes the tool itself. A call that
 stale is cancelled (`cancel_unclaimed` with the tools that read what the effect writes), so
 every live call may serve. The ledger owns every
 budget on early calls (`SpeculationBudget`) and every question asked about them: which calls a
-new shadow may adopt, which to cancel, which to settle once their block has executed. What a
-settled call counts as (wasted or retracted) is decided by `agentrt.claims`. A key built from
+new shadow may adopt, which to cancel, which to retire once their block has executed. What a
+retired call counts as (wasted or retracted) is decided by `agentrt.claims`. A key built from
 large arguments is kept as a digest (`compact_key`).
 
 Arguments are measured with `plain_size` (shared references counted each time), not
@@ -16,7 +16,7 @@ serialised; a call whose arguments pass ``max_arg_bytes_per_launch``, or would t
 total past ``max_arg_bytes_per_run``, is not launched. The ledger holds a call's payloads only as
 long as they can be used: its arguments until its tool has run, its result until it can no
 longer serve a claim or a shadow (its block executed, its turn ended, the run ended); then the
-call is dropped (`settle`, `release`). A claim gets a private copy of the result.
+call is dropped (`retire`, `release`). A claim gets a private copy of the result.
 """
 
 from __future__ import annotations
@@ -115,8 +115,9 @@ class EarlyCall:
     started_s: float | None = None
     finished_s: float | None = None
     claimed_s: float | None = None
-    settled: bool = False
-    """Counted once its block executed (or its turn ended) without being claimed."""
+    retired: bool = False
+    """Its block executed (or its turn ended) without a claim on it: cancelled, and counted
+    once (`Ledger.retire`)."""
     result: Any = None
     error: BaseException | None = None
     done: anyio.Event = field(default_factory=anyio.Event)
@@ -327,25 +328,25 @@ class Ledger:
                        and call.origin.block >= from_block) and id(call) not in kept
                    and (tools is None or call.tool in tools))
 
-    def settle(self, *, turn: int | None = None, block: int | None = None) -> list[EarlyCall]:
+    def retire(self, *, turn: int | None = None, block: int | None = None) -> list[EarlyCall]:
         """Cancel and return, once each, the unclaimed calls (of ``turn`` and ``block`` when
-        given) that have not been settled yet: what the authoritative run did not use.
+        given) that have not been retired yet: what the authoritative run did not use.
 
         Their block has executed (or their turn ended), so no shadow adopts them any more: they
         and the claimed calls whose outcome was taken are released and dropped."""
-        settled, kept = [], []
+        retired, kept = [], []
         for call in self._calls:
             if turn is not None and call.origin.turn != turn \
                     or block is not None and call.origin.block != block:
                 kept.append(call)
                 continue
-            if not call.claimed and not call.settled:
+            if not call.claimed and not call.retired:
                 self.cancel(call)
-                call.settled = True
-                settled.append(call)
-            if call.settled or call.taken:
+                call.retired = True
+                retired.append(call)
+            if call.retired or call.taken:
                 call.release()
             else:
                 kept.append(call)  # claimed, its claim still waiting: dropped with the run
         self._calls = kept
-        return settled
+        return retired

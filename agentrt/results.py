@@ -69,7 +69,8 @@ class RunStats:
     """Early calls never claimed because the program never made that call in their block (a
     guess from a half-written statement, a branch not taken)."""
     hidden_s: float = 0.0
-    """Tool time that ran before the authoritative run asked for it."""
+    """Tool time that ran before the authoritative run asked for it, summed over the hits (each:
+    from the early call's start to its end or to the claim, whichever came first)."""
     shadow_tool_calls_refused: int = 0
     """Real tool calls that arrived from a shadow process and were refused (always 0 unless
     a shadow escaped its launch logic)."""

@@ -15,6 +15,8 @@ from typing import Any
 
 import anyio
 
+from .errors import AgentrtError
+
 MiB = 1024 * 1024
 
 
@@ -71,7 +73,7 @@ class ConnectionCounts:
     """Closed because the client did not read its reply for ``write_timeout_s``."""
 
 
-class RequestError(Exception):
+class RequestError(AgentrtError):
     """A request this server refuses: becomes an HTTP error with an OpenAI-style body."""
 
     def __init__(self, status: int, message: str, param: str | None = None,

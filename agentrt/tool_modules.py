@@ -7,8 +7,10 @@ from pathlib import Path
 
 from agentrt.tools import Tool
 
+from .errors import AgentrtError
 
-class ToolModuleError(ValueError):
+
+class ToolModuleError(AgentrtError, ValueError):
     """A tools module that cannot be imported or holds no tools."""
 
 

@@ -26,6 +26,7 @@ from agentrt.interpreter.segmenter import (
     StatementClosed,
 )
 
+from .errors import AgentrtError
 from .events import (
     BlockClosedEvent,
     BlockOpenedEvent,
@@ -61,7 +62,7 @@ class Block:
     code: str
 
 
-class CellFailed(Exception):
+class CellFailed(AgentrtError):
     """A cell could not run, and the turn goes on: ``str(self)`` is the block's error."""
 
 
@@ -159,9 +160,9 @@ class Turn:
                                      result.final is not None))
         return result
 
-    async def settle(self) -> None:
+    async def end_speculation(self) -> None:
         """The turn's code is over (its blocks ran, or the response died): speculation
-        settles its early calls and stops its shadow."""
+        counts its early calls (`Claims.settle`) and stops its shadow."""
         await self.calls.speculator.end_turn()
 
     def finished(self, finish_reason: str | None = None, completion_tokens: int = 0) -> None:

@@ -12,13 +12,15 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from agentrt.errors import AgentrtError
+
 from .metrics import DecodeMetrics
 
 Message = dict[str, str]
 """One chat message: ``{"role": "system" | "user" | "assistant", "content": str}``."""
 
 
-class EngineError(RuntimeError):
+class EngineError(AgentrtError, RuntimeError):
     """A backend failed to produce a generation (bad model, server error, ...)."""
 
 

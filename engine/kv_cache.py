@@ -21,10 +21,6 @@ import torch
 DEFAULT_BLOCK_SIZE = 64
 
 
-class KVBudgetError(ValueError):
-    """A request needs more KV cache than the whole budget holds."""
-
-
 class KVPool:
     """Block storage for one model's keys and values, with allocation and the prefix index.
 

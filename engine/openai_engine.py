@@ -46,6 +46,8 @@ from typing import Any, Literal, TypeVar
 import anyio
 import httpx
 
+from agentrt.errors import AgentrtError
+
 from .base import BaseEngine, Delta, EngineError, EngineStreamError, Message, SamplingParams, Usage
 from .metrics import DecodeMetrics
 from .drafter_config import DecodeCounters, counters_from_prometheus, decode_metrics_from_request
@@ -75,7 +77,7 @@ def last_user_message(messages: Sequence[Message]) -> str:
     raise EngineError("api='completions' needs a user message to use as the prompt")
 
 
-class _Retry(Exception):
+class _Retry(AgentrtError):
     """Internal: this attempt failed before any text was emitted and may be retried."""
 
     def __init__(self, error: EngineError, retry_after: float | None = None) -> None:

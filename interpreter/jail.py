@@ -42,6 +42,8 @@ import signal
 import sys
 from dataclasses import dataclass
 
+from agentrt.errors import AgentrtError
+
 # The worker imports this module for lock_down() only: the runtime-side functions import
 # what else they need themselves, to keep the worker's start-up short.
 
@@ -84,7 +86,7 @@ _CLONE_DENIED_FLAGS = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x1000000
 _TIOCSTI = 0x5412
 
 
-class JailUnavailable(RuntimeError):
+class JailUnavailable(AgentrtError, RuntimeError):
     """The OS jail cannot be built here and the user has not opted out of it."""
 
 

@@ -39,7 +39,7 @@ class _Pending:
 class PendingLaunches:
     """Launch tool calls as soon as their (possibly lazy) arguments are known.
 
-    :meth:`launch` returns a ``Lazy`` for the result at once. If every argument is ready the
+    :meth:`request` returns a ``Lazy`` for the result at once. If every argument is ready the
     launch is sent right away (``send_launch(call_id, tool, args, kwargs)`` with concrete
     arguments); otherwise it waits, and is sent by whichever thread settles its last missing
     input. A launch whose inputs failed or were poisoned is poisoned itself (and so are the
@@ -70,9 +70,11 @@ class PendingLaunches:
         self._counter += 1
         return f"launch-{self._counter}"
 
-    def launch(self, tool: str, args: Iterable[Any] = (), kwargs: Mapping[str, Any] | None = None,
-               call_id: CallId | None = None) -> Lazy:
-        """Register a launch of ``tool`` and return the ``Lazy`` for its result."""
+    def request(self, tool: str, args: Iterable[Any] = (), kwargs: Mapping[str, Any] | None = None,
+                call_id: CallId | None = None) -> Lazy:
+        """Request a launch of ``tool`` (sent once its arguments are known; the runtime decides
+        whether to launch it: `agentrt.ledger.Ledger.launch`) and return the ``Lazy`` for its
+        result."""
         args = tuple(args)
         kwargs = dict(kwargs or {})
         with self._lock:

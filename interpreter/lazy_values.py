@@ -19,6 +19,8 @@ from typing import Any
 
 from RestrictedPython.Guards import safer_getattr_raise
 
+from agentrt.errors import AgentrtError
+
 CallId = Hashable
 
 PENDING = "pending"
@@ -45,7 +47,7 @@ class Abandoned(BaseException):
     """
 
 
-class _WouldBlock(Exception):
+class _WouldBlock(AgentrtError):
     """Raised inside non-blocking computations (receiver thread) instead of waiting."""
 
 

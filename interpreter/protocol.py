@@ -71,6 +71,8 @@ from collections.abc import Iterator
 from itertools import chain
 from typing import Any
 
+from agentrt.errors import AgentrtError
+
 MAX_FRAME_BYTES = 16 * 1024 * 1024
 """Largest frame the runtime accepts from a worker (16 MiB)."""
 MAX_DECODED_BYTES = 48 * 1024 * 1024
@@ -101,7 +103,7 @@ SAFE_EXCEPTION_NAMES = frozenset({
 _PLAIN_SCALARS = (type(None), bool, int, float, str, bytes)
 
 
-class ProtocolError(Exception):
+class ProtocolError(AgentrtError):
     """A frame broke the protocol (too large, undecodable, or not a message)."""
 
 
@@ -109,7 +111,7 @@ class FrameTooLargeError(ProtocolError):
     """An encoded message exceeds :data:`MAX_FRAME_BYTES`."""
 
 
-class NotPlainDataError(TypeError):
+class NotPlainDataError(AgentrtError, TypeError):
     """A value cannot be converted to plain data."""
 
 
@@ -356,7 +358,7 @@ def check_untrusted_pickle(payload: bytes, *, budget: int = MAX_DECODED_BYTES) -
     raise ProtocolError("a frame ended before its STOP opcode")
 
 
-class PlainDataTooLarge(ValueError):
+class PlainDataTooLarge(AgentrtError, ValueError):
     """Plain data is bigger (shared references expanded) or deeper than a limit allows."""
 
 

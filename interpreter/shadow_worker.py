@@ -176,7 +176,7 @@ class ShadowRun:
         call_id = self._new_id()
         deps = set(self.table.forced) | self.table.deps((args, kwargs))
         self._launch_info[call_id] = (_caller_line(), sorted(deps))
-        return self.launches.launch(name, args, kwargs, call_id=call_id)
+        return self.launches.request(name, args, kwargs, call_id=call_id)
 
     def _not_launched(self, reason: str) -> Any:
         """A call that never runs in the shadow: a poisoned `Lazy` (forcing it abandons)."""

@@ -19,8 +19,9 @@ ALLOWED = {"agentrt": {"agentrt", "interpreter", "tools", "engine", "kernels"},
            "interpreter": {"interpreter", "tools"}, "tools": {"tools"},
            "engine": {"engine", "kernels"}, "kernels": {"kernels"}}
 SUBPACKAGES = {"interpreter", "tools", "engine", "kernels"}
-# Standard-library-only helpers every layer may use.
-SHARED = {"agentrt.lazy_exports"}
+# Standard-library-only helpers every layer may use: lazy package exports, and the error root
+# (AgentrtError) that every layer's errors derive from.
+SHARED = {"agentrt.lazy_exports", "agentrt.errors"}
 
 
 def module_files() -> dict[str, Path]:
@@ -186,6 +187,7 @@ def test_every_function_in_the_step_table_exists_where_it_says():
     for step, row in step_table_rows():
         current: str | None = None
         for token in row:
+            token = token.removesuffix("()")  # `Repl.messages()`: the method
             if token.endswith(".py"):
                 current = token
                 continue
@@ -205,3 +207,58 @@ def test_every_function_in_the_step_table_exists_where_it_says():
 def _defined_in(definitions: tuple[set[str], dict[str, set[str]]], name: str) -> bool:
     top, classes = definitions
     return name in top or any(name in members for members in classes.values())
+
+
+def _class_members() -> dict[str, set[str]]:
+    """Every class of the packages and the benchmarks by name, with the names its body defines,
+    the attributes its methods set on ``self``, and (by base name) what its bases define."""
+    own: dict[str, set[str]] = {}
+    bases: dict[str, set[str]] = {}
+    for folder in (*FOLDERS, "benchmarks"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if not isinstance(node, ast.ClassDef):
+                    continue
+                members = own.setdefault(node.name, set())
+                bases.setdefault(node.name, set()).update(
+                    getattr(base, "id", getattr(base, "attr", "")) for base in node.bases)
+                for item in node.body:
+                    if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                        members.add(item.name)
+                    elif isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                        members.add(item.target.id)
+                    elif isinstance(item, ast.Assign):
+                        members |= {t.id for t in item.targets if isinstance(t, ast.Name)}
+                members |= {sub.attr for sub in ast.walk(node)
+                            if isinstance(sub, ast.Attribute) and isinstance(sub.ctx, ast.Store)
+                            and isinstance(sub.value, ast.Name) and sub.value.id == "self"}
+
+    def closure(name: str, seen: set[str]) -> set[str]:
+        if name in seen:
+            return set()
+        seen.add(name)
+        found = set(own.get(name, ()))
+        for base in bases.get(name, ()):
+            found |= closure(base, seen)
+        return found
+
+    return {name: closure(name, set()) for name in own}
+
+
+def test_every_class_member_the_docs_name_exists():
+    """``Class.member`` in README.md and docs/*.md, where Class is one of the project's
+    classes, names something that class (or a base) defines; every ``layer/.../file.py`` or
+    ``docs/x.md`` named exists."""
+    members = _class_members()
+    wrong = []
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for number, line in enumerate(doc.read_text().splitlines(), 1):
+            where = f"{doc.relative_to(ROOT)}:{number}"
+            for head, attr in re.findall(r"`([A-Z]\w*)\.([A-Za-z_]\w*)(?:\(\))?`", line):
+                if head in members and not attr.startswith("__") and attr not in members[head]:
+                    wrong.append(f"{where}: {head}.{attr}")
+            for path in re.findall(r"`((?:agentrt|interpreter|tools|engine|kernels|benchmarks|"
+                                   r"tests|docs)/[\w/.-]+\.(?:py|md))`", line):
+                if not (ROOT / path).is_file():
+                    wrong.append(f"{where}: {path} does not exist")
+    assert not wrong, "named in the docs but not in the code:\n" + "\n".join(wrong)

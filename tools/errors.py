@@ -5,8 +5,10 @@ Exceptions raised *by* a tool function itself are never wrapped: they reach the 
 
 from __future__ import annotations
 
+from agentrt.errors import AgentrtError
 
-class ToolError(Exception):
+
+class ToolError(AgentrtError):
     """Base class of every error the tool layer raises on its own account."""
 
 

@@ -349,7 +349,7 @@ class AgentrtREPL(NonIsolatedEnv):
         streamed, self._streamed = self._streamed, None
         if streamed is None:
             return
-        await streamed.turn.settle()
+        await streamed.turn.end_speculation()
         self._subcalls.forget()  # results of early calls nobody claimed
         streamed.turn.finished()
 

@@ -37,8 +37,8 @@ class TwinDrafter(DrafterDefaults):
     writes_target_cache = True
     acceptance_prior = 0.95
     """What adaptive k assumes of a drafted token before it has seen any: int8 picks the exact
-    target's next token at ~96% of positions (docs/engine.md), the twin's drafts were accepted
-    at 98-99% on the benchmark prompts."""
+    target's next token at ~96% of positions (docs/engine.md, "int8 precision"), the twin's
+    drafts were accepted at 95-99% on the benchmark prompts (docs/engine-results.md)."""
 
     COST_CONTEXTS = (64, 512)
     """The sequence lengths `draft_cost` is measured at (a line through the two)."""

@@ -20,7 +20,7 @@ from torch import Tensor
 from ..base import SamplingParams
 from ..drafters.base import Draft, DrafterDefaults, DraftSampling
 from ..llama import SeqRows, Transformer
-from .prompts import Messages
+from .training_prompts import Messages
 
 
 @dataclass

@@ -12,7 +12,7 @@ from pathlib import Path
 from ..base import SamplingParams
 from ..metrics import DecodeMetrics
 from .head import HeadConfig, head_dir
-from .prompts import training_prompts
+from .training_prompts import training_prompts
 
 HELDOUT_SEED = 7919
 """Seed of the held-out prompt draw (training recipes use small seeds)."""

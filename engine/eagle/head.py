@@ -26,6 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from agentrt.errors import AgentrtError
+
 from ..eagle3_layout import CONFIG_FILE, FORMAT_VERSION, WEIGHTS_FILE, write_head
 from ..eagle3_layout import default_aux_layers as _layout_aux_layers
 from ..llama import LlamaConfig, rope_frequencies
@@ -132,7 +134,7 @@ class HeadConfig:
                            rope_scaling=self.rope_scaling)
 
 
-class TargetMismatchError(ValueError):
+class TargetMismatchError(AgentrtError, ValueError):
     """A head trained for another target model."""
 
 

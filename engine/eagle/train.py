@@ -36,7 +36,7 @@ from ..llama import LlamaConfig, Transformer
 from ..models import resolve
 from .data import FeatureRecorder, Sample, draft_vocabulary, generate_samples
 from .head import DraftHead, HeadConfig, default_aux_layers, head_dir
-from .prompts import check_no_overlap, digest, heldout_texts, training_prompts
+from .training_prompts import check_no_overlap, digest, heldout_texts, training_prompts
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from agentrt.errors import AgentrtError
+
 from ..frames import Reply
+
 
 @dataclasses.dataclass(frozen=True)
 class FinalAnswer:
@@ -52,7 +55,7 @@ class VariableSummary:
     repr: str
 
 
-class ReplError(RuntimeError):
+class ReplError(AgentrtError, RuntimeError):
     """The REPL could not do what was asked (failed start, unresponsive worker...)."""
 
 

@@ -196,9 +196,9 @@ def test_settle_takes_each_unclaimed_call_once():
         async with Ledger(Recorder(0), SpeculationBudget(), time.monotonic) as ledger:
             calls = [ledger.launch("f", f"k{b}", (), {}, at(block=b)) for b in (0, 0, 1)]
             ledger.claim("k0", turn=0)
-            assert ledger.settle(turn=0, block=0) == [calls[1]]
-            assert ledger.settle() == [calls[2]]
-            assert ledger.settle() == []
+            assert ledger.retire(turn=0, block=0) == [calls[1]]
+            assert ledger.retire() == [calls[2]]
+            assert ledger.retire() == []
             assert [c.state for c in calls[1:]] == ["cancelled", "cancelled"]
 
     run(main)

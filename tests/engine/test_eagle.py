@@ -22,8 +22,8 @@ from agentrt.engine.drafters.base import DraftSampling
 from agentrt.engine.drafters.eagle import EagleDrafter
 from agentrt.engine.eagle import DraftHead, HeadConfig, TargetMismatchError
 from agentrt.engine.eagle.data import FeatureRecorder, generate_samples, record_features
-from agentrt.engine.eagle.prompts import (PromptOverlapError, check_no_overlap, heldout_texts,
-                                          training_prompts)
+from agentrt.engine.eagle.training_prompts import (PromptOverlapError, check_no_overlap,
+                                                   heldout_texts, training_prompts)
 from agentrt.engine.eagle.train import RECIPES, train
 from agentrt.engine.llama import LlamaConfig, SeqRows, Transformer
 from agentrt.kernels import probs_from_logits, stochastic_verify

@@ -102,7 +102,7 @@ class Shadow:
 
     def _stub(self, tool):
         def launch(*args, **kwargs):
-            return self.launches.launch(tool, args, kwargs)
+            return self.launches.request(tool, args, kwargs)
         return launch
 
     def _send(self, call_id, tool, args, kwargs):

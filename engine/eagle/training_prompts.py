@@ -23,6 +23,8 @@ import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from agentrt.errors import AgentrtError
+
 Messages = list[dict[str, str]]
 
 KINDS = ("agent", "chat", "code")
@@ -201,7 +203,7 @@ def _shingles(text: str, n: int = SHINGLE) -> set[tuple[str, ...]]:
     return {tuple(words[i:i + n]) for i in range(len(words) - n + 1)}
 
 
-class PromptOverlapError(ValueError):
+class PromptOverlapError(AgentrtError, ValueError):
     """A training prompt shares text with a held-out (evaluation) prompt."""
 
 
