@@ -268,6 +268,28 @@ class Admission:
             return self.admit_class(value)
         raise AdmissionError(f"a {kind.__qualname__!r} object cannot enter the sandbox")
 
+    def admit_exception(self, exc: BaseException) -> BaseException:
+        """What ``except ... as name`` binds: ``exc`` if it passes as it is, else an exception
+        of the nearest class in its MRO the cell may hold, with its arguments if they pass
+        (else its message): stdlib code raises exceptions of classes no facade shows
+        (``io.UnsupportedOperation``), whose methods and state are not the cell's to use."""
+        if self.admissible(exc):
+            return exc
+        try:
+            args: tuple[Any, ...] = tuple(self.admit(arg) for arg in exc.args) \
+                if type(exc.args) is tuple else ()
+        except AdmissionError:
+            args = (str(exc),)
+        for cls in type(exc).__mro__:
+            if issubclass(cls, BaseException) and self.admit_class(cls) is cls:
+                try:
+                    stand_in = cls(*args)
+                except Exception:
+                    continue
+                if type(stand_in) is cls:
+                    return stand_in
+        return Exception(*args)
+
     def admissible(self, value: Any) -> bool:
         """Whether ``value`` passes as it is (no wrapper, no view)."""
         try:

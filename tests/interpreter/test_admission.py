@@ -376,7 +376,20 @@ except TypeError:
 }
 
 
-ALL_ROUNDS = {**ROUND_THREE, **ROUND_FOUR, **ROUND_FIVE, **ROUND_SIX}
+ROUND_SEVEN = {
+    "except-target-of-a-class-no-facade-shows": """
+import io
+try:
+    io.StringIO().fileno()
+except Exception as e:
+    err = e
+if repr(type(err)) != "<class 'OSError'>":
+    print('ESCAPED', type(err))
+""",
+}
+
+
+ALL_ROUNDS = {**ROUND_THREE, **ROUND_FOUR, **ROUND_FIVE, **ROUND_SIX, **ROUND_SEVEN}
 
 
 @pytest.mark.parametrize("name", sorted(ALL_ROUNDS))
@@ -544,6 +557,14 @@ class _Context:
         return False
 
 
+class _RealError(Exception):
+    """An exception of a class the sandbox does not hold."""
+
+
+def _raise_real():
+    raise _RealError("real")
+
+
 class _Adds:
     def __add__(self, other):
         return _Real()
@@ -555,7 +576,7 @@ def test_every_door_admits(door):
     sandbox = Sandbox()
     sandbox.namespace.update({
         "give": lambda: real, "give_op": _Adds(), "box": [real],
-        "item": real, "deco": lambda function: real,
+        "item": real, "deco": lambda function: real, "raise_real": _raise_real,
     })
     sandbox.context.admission.hold(_Holder)
     sandbox.context.admission.hold(_Context)
@@ -567,6 +588,19 @@ def test_every_door_admits(door):
         (door, outcome)
     held = sandbox.namespace.get("v")
     assert held is not real and not (type(held) is list and real in held)
+
+
+def test_the_except_door_admits():
+    """An exception of a class the sandbox does not hold is bound as one of the nearest class
+    it holds, with its arguments (or its message, when they do not pass)."""
+    sandbox = Sandbox()
+    sandbox.namespace["raise_real"] = _raise_real
+    outcome = sandbox.execute("try:\n    raise_real()\nexcept Exception as e:\n    v = e\n"
+                              "print(type(v), v)")
+    assert outcome.error is None and outcome.stdout == "<class 'Exception'> real\n", outcome
+    assert type(sandbox.namespace["v"]) is Exception
+    del sandbox.namespace["raise_real"]  # the test's own raw function
+    assert violations(sandbox) == []
 
 
 def test_admission_maps_and_refuses():
