@@ -30,7 +30,6 @@ import io
 import json
 import numbers
 import random
-import string
 import types
 import typing
 from typing import Any
@@ -62,12 +61,15 @@ ALLOWED_BASES: frozenset[type] = _mro_closure([
     numbers.Number, numbers.Complex, numbers.Real, numbers.Rational, numbers.Integral,
     typing.Generic, typing.Protocol, _NAMED_TUPLE_BASE, _TYPED_DICT_BASE,
     enum.Enum, enum.IntEnum, enum.Flag, enum.IntFlag, enum.StrEnum,
-    json.JSONEncoder, json.JSONDecoder, string.Template, random.Random,
+    json.JSONEncoder, json.JSONDecoder, random.Random,
     decimal.Decimal, fractions.Fraction, datetime.date, datetime.datetime, datetime.time,
     datetime.timedelta, datetime.tzinfo, io.StringIO, io.BytesIO,
 ]) - {type}
 """Real classes a class statement may derive from (besides what the sandbox made), with every
-class they derive from; ``type`` is never one of them."""
+class they derive from; ``type`` is never one of them. A subclass's instances are the cell's
+to write, so a base is on the list only if its own methods call the attributes a subclass
+controls with nothing but what the cell gave them (not ``string.Template``: ``substitute``
+hands its inner ``convert`` function to ``self.pattern.sub``, whatever ``pattern`` is)."""
 
 ALLOWED_METACLASSES: frozenset[type] = frozenset({
     type, type(collections.abc.Mapping), enum.EnumType, type(typing.Protocol),

@@ -386,6 +386,24 @@ except Exception as e:
 if repr(type(err)) != "<class 'OSError'>":
     print('ESCAPED', type(err))
 """,
+    "stdlib-base-hands-an-inner-function-to-an-attribute-of-self": """
+import string
+box = {}
+try:
+    class T(string.Template):
+        pass
+    class Holder:
+        pass
+    h = Holder()
+    h.sub = box.setdefault
+    t = T('x')
+    t.pattern = h
+    t.substitute({})
+except TypeError:
+    print('refused')
+if box:
+    print('ESCAPED', box)
+""",
 }
 
 
