@@ -188,9 +188,14 @@ def _safe_replace(provenance: Provenance) -> Callable[..., Any]:
 
 def _fields_as(copier: Copier, factory_name: str, pairs: bool) -> Callable[..., Any]:
     """``dataclasses.asdict`` (``pairs``) or ``astuple``, copying leaf values with the
-    sandbox's own ``copy.deepcopy``."""
+    sandbox's own ``copy.deepcopy``. Every value it reads off the object (field values, the
+    items of containers) is admitted before anything else sees it: the factory is the cell's
+    own callable (``dict_factory=box.extend``), and a field can name what a stdlib base's
+    ``__init__`` stored (``JSONDecoder``'s ``parse_object``)."""
+    admit = copier.admission.admit
 
     def convert(obj: Any, factory: Callable[[list[Any]], Any]) -> Any:
+        obj = admit(obj)
         if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
             values = [(field.name, convert(getattr(obj, field.name), factory))
                       for field in dataclasses.fields(obj)]

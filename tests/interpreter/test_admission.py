@@ -404,6 +404,25 @@ except TypeError:
 if box:
     print('ESCAPED', box)
 """,
+    "asdict-factory-gets-what-a-stdlib-init-stored": """
+import dataclasses, json
+@dataclasses.dataclass
+class D(json.JSONDecoder):
+    parse_object: int = dataclasses.field(init=False, default=0)
+    parse_constant: int = dataclasses.field(init=False, default=0)
+d = D()
+super(D, d).__init__()
+box = []
+for convert in (dataclasses.asdict, dataclasses.astuple):
+    try:
+        convert(d, **{'dict_factory' if convert is dataclasses.asdict
+                      else 'tuple_factory': box.extend})
+    except TypeError:
+        print('refused')
+if repr(box).count('function JSONObject at') or 'method-wrapper' in repr(box) \
+        or 'built-in method' in repr(box):
+    print('ESCAPED', box)
+""",
 }
 
 
