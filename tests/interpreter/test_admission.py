@@ -653,3 +653,12 @@ def test_admission_maps_and_refuses():
             admit(refused)
     assert type(admit(len)) is type(len)  # a builtin the sandbox hands out
     assert repr(admit(types.FunctionType)) == "<class 'function'>"
+
+
+def test_the_except_door_keeps_the_shadows_signals():
+    """``except BaseException as e: raise e`` in a shadow re-raises the shadow's own signal."""
+    from agentrt.interpreter.lazy import Abandoned
+
+    sandbox, _ = run_in_shadow("x = 1")
+    signal = Abandoned("never arrives")
+    assert sandbox.context.admission.admit_exception(signal) is signal
