@@ -173,14 +173,21 @@ def _safe_dataclass(provenance: Provenance) -> Callable[..., Any]:
     return dataclass
 
 
-def _safe_replace(provenance: Provenance) -> Callable[..., Any]:
+def _safe_replace(context: SandboxContext) -> Callable[..., Any]:
+    provenance, admit = context.provenance, context.admission.admit
+
     def replace(obj: Any, /, **changes: Any) -> Any:
         """``dataclasses.replace`` for dataclass instances the sandbox made (it reads every
-        field's name and value off the object)."""
+        field's name and value off the object). The values it reads are admitted first: it
+        hands them to the class's ``__init__``, which may be a stdlib base's calling an
+        attribute the cell chose (``UserDict.__init__`` calls ``self.update``)."""
         if isinstance(obj, type) or not provenance.made(obj) or not dataclasses.is_dataclass(obj):
             raise TypeError("replace() applies to instances of dataclasses defined in the "
                             "sandbox")
         _check_dataclass_fields(type(obj), provenance)
+        for field in dataclasses.fields(obj):
+            if field.init and field.name not in changes:
+                changes[field.name] = admit(getattr(obj, field.name))
         return dataclasses.replace(obj, **changes)
 
     return replace
@@ -353,7 +360,7 @@ _REPLACEMENTS: dict[str, Callable[[SandboxContext], Mapping[str, Any]]] = {
                              for name in _ENUM_CLASSES if hasattr(enum, name)},
     "dataclasses": lambda context: {
         "dataclass": _safe_dataclass(context.provenance),
-        "replace": _safe_replace(context.provenance),
+        "replace": _safe_replace(context),
         "asdict": _fields_as(Copier(context.admission), "dict_factory", pairs=True),
         "astuple": _fields_as(Copier(context.admission), "tuple_factory", pairs=False)},
     "pprint": lambda context: {"pprint": _sandbox_pprint(context),

@@ -423,6 +423,22 @@ if repr(box).count('function JSONObject at') or 'method-wrapper' in repr(box) \
         or 'built-in method' in repr(box):
     print('ESCAPED', box)
 """,
+    "replace-hands-what-a-stdlib-init-stored-to-a-base-init": """
+import dataclasses, json, collections
+box = []
+@dataclasses.dataclass(init=False)
+class D(collections.UserDict, json.JSONDecoder):
+    parse_object: int = 0
+    update = box.append
+d = D()
+super(collections.UserDict, d).__init__()
+try:
+    dataclasses.replace(d)
+except TypeError:
+    print('refused')
+if 'function JSONObject at' in repr(box):
+    print('ESCAPED', box)
+""",
 }
 
 
