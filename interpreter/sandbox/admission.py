@@ -57,7 +57,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .policy import sandbox_type
+from .policy import is_sandbox_type, sandbox_type
 from .provenance import Provenance, SandboxFunction
 from .surface import held_classes, held_instance_classes
 
@@ -461,10 +461,13 @@ class Admission:
     def _alias(self, value: Any) -> Any:
         """A typing alias (``List[int]``, ``Annotated[X, m]``, ``list[int]``): only over what
         calling it may construct (calling an alias calls what it aliases and then writes
-        ``__orig_class__`` into the result, which must not be a class or a shared member)."""
+        ``__orig_class__`` into the result, which must not be a class or a shared member).
+        The sandbox's ``type`` is no such class: it answers with existing classes
+        (``Annotated[type, 0](json.JSONDecoder())`` wrote into ``json.JSONDecoder``)."""
         origin = object.__getattribute__(value, "__origin__")
         if isinstance(origin, type):
-            if issubclass(origin, (type, enum.Enum)) or self.admit_class(origin) is not origin:
+            if issubclass(origin, (type, enum.Enum)) or is_sandbox_type(origin) \
+                    or self.admit_class(origin) is not origin:
                 raise AdmissionError(f"typing alias of {origin.__qualname__!r} cannot enter "
                                      "the sandbox")
         elif not isinstance(origin, _ALIAS_ORIGINS):

@@ -423,6 +423,13 @@ if repr(box).count('function JSONObject at') or 'method-wrapper' in repr(box) \
         or 'built-in method' in repr(box):
     print('ESCAPED', box)
 """,
+    "alias-of-the-sandboxs-type-writes-orig-class-into-a-stdlib-class": """
+import typing, json
+try:
+    typing.Annotated[type, 0](json.JSONDecoder())
+except TypeError:
+    print('refused')
+""",
     "replace-hands-what-a-stdlib-init-stored-to-a-base-init": """
 import dataclasses, json, collections
 box = []
@@ -457,6 +464,10 @@ def test_red_team_escapes_are_contained(name):
         import textwrap
 
         assert textwrap.TextWrapper.unicode_whitespace_trans.get(32) != "X"
+    if name == "alias-of-the-sandboxs-type-writes-orig-class-into-a-stdlib-class":
+        import json
+
+        assert "__orig_class__" not in vars(json.JSONDecoder)
 
 
 # -- the shadow's paths ------------------------------------------------------------------------
