@@ -430,6 +430,22 @@ try:
 except TypeError:
     print('refused')
 """,
+    "setattr-called-by-c-code-with-a-descriptor-no-door-saw": """
+import functools
+box = {}
+class C:
+    pass
+grab = functools.partial(dict.setdefault, box)
+try:
+    list(map(setattr, [C], ['x'], map(classmethod, map(property, [grab]))))
+except TypeError:
+    print('refused')
+try:
+    C.x
+    print('ESCAPED', box)
+except AttributeError:
+    pass
+""",
     "replace-hands-what-a-stdlib-init-stored-to-a-base-init": """
 import dataclasses, json, collections
 box = []
