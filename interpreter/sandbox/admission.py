@@ -218,6 +218,9 @@ class Admission:
             functools.partial: self._partial,
             property: self._property,
             enum.property: self._property,
+            enum.member: self._wrapped_value,
+            enum.nonmember: self._wrapped_value,
+            dataclasses.Field: self._field,
             classmethod: self._wrapped_function,
             staticmethod: self._wrapped_function,
             functools.cached_property: self._wrapped_func,
@@ -452,6 +455,25 @@ class Admission:
         if isinstance(value, functools.partialmethod):
             for arg in (*value.args, *value.keywords.values()):
                 self.admit(arg)
+        return value
+
+    def _inner_as_is(self, inner: Any, what: str) -> None:
+        if not self.admissible(inner):
+            raise AdmissionError(f"a {what} around an object the sandbox may not hold")
+
+    def _wrapped_value(self, value: Any) -> Any:
+        """``enum.member`` / ``enum.nonmember``: the class being made unwraps the value into
+        its namespace (a ``nonmember`` becomes a class attribute, a descriptor one too), so it
+        must pass as it is (C code builds one around any value: ``map(enum.nonmember, ...)``)."""
+        self._inner_as_is(value.value, type(value).__name__)
+        return value
+
+    def _field(self, value: dataclasses.Field) -> Any:
+        """``dataclasses.Field``: ``dataclass`` sets its default as a class attribute and calls
+        its default factory, so both must pass as they are (``dataclasses.Field`` can be built
+        by C code around any value)."""
+        for inner in (value.default, value.default_factory):
+            self._inner_as_is(inner, "dataclasses.Field")
         return value
 
     def _lru_wrapper(self, value: Any) -> Any:

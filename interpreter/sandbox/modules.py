@@ -278,6 +278,12 @@ def _sandbox_enum(base: type, context: SandboxContext) -> type:
     def create(cls: Any, class_name: Any, names: Any, **options: Any) -> Any:
         names, keys = _member_names(names)
         check_field_names(keys, "Enum member name")
+        values = names.values() if isinstance(names, dict) else \
+            [item[1] for item in names if type(item) is tuple]
+        for value in values:  # a descriptor becomes a class attribute, not a member
+            if not context.admission.admissible(value):
+                raise TypeError(f"Enum member value {type(value).__name__!r}: not an object "
+                                "the sandbox may hold")
         for option in ("module", "qualname"):
             if options.pop(option, None) is not None:
                 raise ValueError(f"Enum(..., {option}=...) is not supported in the sandbox")

@@ -446,6 +446,28 @@ try:
 except AttributeError:
     pass
 """,
+    "descriptor-no-door-saw-unwrapped-into-a-class": """
+import functools, enum, dataclasses
+box = {}
+grab = functools.partial(dict.setdefault, box)
+try:
+    class E1(enum.Enum):
+        A = 1
+        x = list(map(enum.nonmember, map(property, [grab])))[0]
+except TypeError:
+    print('refused')
+try:
+    E2 = enum.Enum('E2', list(zip(['A', 'x'], [1, *map(property, [grab])])))
+except TypeError:
+    print('refused')
+try:
+    @dataclasses.dataclass
+    class D:
+        x: int = list(map(dataclasses.Field, map(property, [grab]), [dataclasses.MISSING],
+                          [True], [True], [None], [True], [None], [False]))[0]
+except TypeError:
+    print('refused')
+""",
     "replace-hands-what-a-stdlib-init-stored-to-a-base-init": """
 import dataclasses, json, collections
 box = []
