@@ -62,6 +62,29 @@ def _safe_attrgetter(guards: Guards) -> Callable[..., Callable[[Any], Any]]:
     return attrgetter
 
 
+def _safe_item_functions(guards: Guards) -> dict[str, Callable[..., Any]]:
+    """``operator.getitem`` and ``operator.itemgetter`` whose lookups go through the guard:
+    what ``obj[key]`` gives is admitted, as ``x[k]`` in cell code is. C code calls them
+    where no door sees the result (``map(operator.getitem, [typing.Annotated], [(f, 0)])``
+    built an alias over any callable, and calling one writes ``__orig_class__`` into what the
+    callable returns: a stdlib class)."""
+
+    def getitem(obj: Any, key: Any, /) -> Any:
+        """``obj[key]``, admitted."""
+        return guards.getitem(obj, key)
+
+    def itemgetter(*items: Any) -> Callable[[Any], Any]:
+        """``operator.itemgetter`` whose lookups go through the sandbox's guard."""
+        if not items:
+            raise TypeError("itemgetter expected 1 argument, got 0")
+        if len(items) == 1:
+            item = items[0]
+            return lambda obj: guards.getitem(obj, item)
+        return lambda obj: tuple(guards.getitem(obj, item) for item in items)
+
+    return {"getitem": getitem, "itemgetter": itemgetter}
+
+
 def _safe_methodcaller(guards: Guards) -> Callable[..., Callable[[Any], Any]]:
     def methodcaller(name: str, /, *args: Any, **kwargs: Any) -> Callable[[Any], Any]:
         """``operator.methodcaller`` whose lookup goes through the sandbox's guards."""
@@ -359,6 +382,7 @@ _REPLACEMENTS: dict[str, Callable[[SandboxContext], Mapping[str, Any]]] = {
     "operator": lambda context: {
         "attrgetter": _safe_attrgetter(context.guards),
         "methodcaller": _safe_methodcaller(context.guards),
+        **_safe_item_functions(context.guards),
         **{name: _writing_to_argument(getattr(operator, name), context.guards)
            for name in ("setitem", "delitem")}},
     "collections": lambda context: {"namedtuple": _safe_namedtuple(context)},

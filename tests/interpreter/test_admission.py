@@ -468,6 +468,20 @@ try:
 except TypeError:
     print('refused')
 """,
+    "alias-built-and-called-by-c-code-writes-orig-class": """
+import typing, operator, json, copy
+T = typing.TypeVar('T')
+try:
+    list(map(list, map(map, map(operator.getitem, [typing.Annotated], [(copy.copy, 0)]),
+                       [[json.JSONDecoder]])))
+except TypeError:
+    print('refused')
+try:
+    list(map(list, map(map, map(operator.itemgetter(copy.copy), [typing.Annotated[T, 1]]),
+                       [[json.JSONEncoder]])))
+except TypeError:
+    print('refused')
+""",
     "replace-hands-what-a-stdlib-init-stored-to-a-base-init": """
 import dataclasses, json, collections
 box = []
@@ -502,10 +516,12 @@ def test_red_team_escapes_are_contained(name):
         import textwrap
 
         assert textwrap.TextWrapper.unicode_whitespace_trans.get(32) != "X"
-    if name == "alias-of-the-sandboxs-type-writes-orig-class-into-a-stdlib-class":
+    if name in ("alias-of-the-sandboxs-type-writes-orig-class-into-a-stdlib-class",
+                "alias-built-and-called-by-c-code-writes-orig-class"):
         import json
 
         assert "__orig_class__" not in vars(json.JSONDecoder)
+        assert "__orig_class__" not in vars(json.JSONEncoder)
 
 
 # -- the shadow's paths ------------------------------------------------------------------------
