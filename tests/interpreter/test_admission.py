@@ -1,6 +1,6 @@
 """Admission: every door a value can reach a cell by admits it (doors.py, admission.py).
 
-The escapes of the third to sixth red-team rounds, each a different path to a real object, run
+The escapes of the third to seventh red-team rounds, each a different path to a real object, run
 here against the first wall alone (an in-process sandbox, the fuzzer's oracle on what the
 namespace holds) and, for the shadow's paths, in shadow mode with lazy values resolving. Then
 the doors themselves: each kind of door is shown to admit, by a cell that would bind a real
