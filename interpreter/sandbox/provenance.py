@@ -26,8 +26,9 @@ class SandboxFunction:
     documentation, and nothing else. Its results pass through ``check`` when one is given.
 
     A method defined in a class body (``ChainMap.new_child``, however it was reached: off the
-    class, a subclass, a copy of the class's dict) runs only on a ``self`` of that class, by its
-    real type: a stdlib method does what it likes with ``self`` (sets attributes on it, calls
+    class, a subclass, a copy of the class's dict, bound by a descriptor such as a
+    ``classmethod`` wrapped around it) runs only on a ``self`` of that class, by its real type:
+    a stdlib method does what it likes with ``self`` (sets attributes on it, calls
     ``self.__class__``). It does not bind as a method (no ``__get__``): stored on a class it
     stays a plain callable.
     """
@@ -36,6 +37,11 @@ class SandboxFunction:
 
     def __init__(self, function: Callable[..., Any],
                  check: Callable[[Any], Any] | None = None) -> None:
+        if type(function) is types.MethodType:  # bound by a descriptor: the same rule
+            owner = method_owner(function.__func__)
+            if owner is not None and not issubclass(type(function.__self__), owner):
+                raise TypeError(f"{owner.__qualname__}.{function.__func__.__name__}() runs "
+                                f"only on a {owner.__qualname__!r} object")
         object.__setattr__(self, "_function", function)
         object.__setattr__(self, "_check", check)
         object.__setattr__(self, "_owner", method_owner(function))

@@ -743,3 +743,18 @@ def test_the_except_door_keeps_the_shadows_signals():
     sandbox, _ = run_in_shadow("x = 1")
     signal = Abandoned("never arrives")
     assert sandbox.context.admission.admit_exception(signal) is signal
+
+
+def test_a_stdlib_method_bound_to_a_foreign_self_is_refused():
+    """A class-body function bound by a descriptor to what is not an instance of its class
+    (``classmethod(ChainMap.new_child)`` on a class the cell made: ``self.__class__`` would be
+    the real ``type``) is refused, however it reached admission."""
+    import collections
+
+    sandbox = Sandbox()
+    sandbox.execute("class K:\n    pass")
+    bound = types.MethodType(collections.ChainMap.new_child, sandbox.namespace["K"])
+    with pytest.raises(TypeError):
+        sandbox.context.admission.admit(bound)
+    chain = collections.ChainMap()
+    assert sandbox.context.admission.admit(chain.new_child)() == collections.ChainMap({}, {})
