@@ -114,11 +114,21 @@ class Provenance:
         self._vetted_bases = _ClassesById()
         """Classes the facades made for this sandbox that a class statement may derive from
         (the enum classes), beside the fixed allow-list of classes.py; not writable."""
+        self.check_class: Callable[[type], None] = lambda cls: None
+        """Raises unless the class dict of a class just made holds only what the sandbox
+        allows there (set by admission.py: `Admission.check_class`)."""
 
     def record(self, cls: Any) -> Any:
-        """Record ``cls`` as made by the sandbox; returns it."""
+        """Record ``cls`` as made by the sandbox, once its own class dict passes
+        `check_class`; returns it. Every path that makes a class for a cell ends here (the
+        class statement, the class factories, ``dataclass``)."""
         if isinstance(cls, type):
-            self._classes.add(cls)
+            self._classes.add(cls)  # first: the check admits the class's own members
+            try:
+                self.check_class(cls)
+            except BaseException:
+                self._classes.discard(cls)
+                raise
         return cls
 
     def vet_base(self, cls: type) -> None:
@@ -164,6 +174,10 @@ class _ClassesById:
                 del self._refs[key]
 
         self._refs[key] = weakref.ref(cls, forget)
+
+    def discard(self, cls: type) -> None:
+        if self.holds(cls):
+            del self._refs[id(cls)]
 
     def holds(self, cls: Any) -> bool:
         ref = self._refs.get(id(cls))

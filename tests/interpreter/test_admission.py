@@ -1,10 +1,10 @@
 """Admission: every door a value can reach a cell by admits it (doors.py, admission.py).
 
-The escapes of the third to seventh red-team rounds, each a different path to a real object, run
-here against the first wall alone (an in-process sandbox, the fuzzer's oracle on what the
-namespace holds) and, for the shadow's paths, in shadow mode with lazy values resolving. Then
-the doors themselves: each kind of door is shown to admit, by a cell that would bind a real
-object through it if it did not.
+The escapes of the third to seventh red-team rounds, each a different path to a real object, and
+the seventh round's residual risks, closed by construction, run here against the first wall
+alone (an in-process sandbox, the fuzzer's oracle on what the namespace holds) and, for the
+shadow's paths, in shadow mode with lazy values resolving. Then the doors themselves: each kind
+of door is shown to admit, by a cell that would bind a real object through it if it did not.
 """
 
 from __future__ import annotations
@@ -758,3 +758,145 @@ def test_a_stdlib_method_bound_to_a_foreign_self_is_refused():
         sandbox.context.admission.admit(bound)
     chain = collections.ChainMap()
     assert sandbox.context.admission.admit(chain.new_child)() == collections.ChainMap({}, {})
+
+
+# -- round 7 residuals: closed by construction ---------------------------------------------------
+
+ROUND_SEVEN_RESIDUALS = {
+    "c-code-builds-descriptors-admission-refuses": """
+import functools, enum, dataclasses
+def f(self):
+    return 1
+box = {}
+grab = functools.partial(dict.setdefault, box)
+held = []
+for build in (property, classmethod, staticmethod, functools.cached_property,
+              functools.partialmethod, enum.property, property(f).setter):
+    for inner in (len, grab):
+        try:
+            held.append(list(map(build, [inner])))
+            print('ESCAPED built', build)
+        except TypeError:
+            pass
+for build in (enum.member, enum.nonmember, dataclasses.Field):
+    try:
+        held.append(list(map(build, map(property, [grab]))))
+        print('ESCAPED built', build)
+    except TypeError:
+        pass
+""",
+}
+
+
+@pytest.mark.parametrize("name", sorted(ROUND_SEVEN_RESIDUALS))
+def test_round_seven_residuals_are_contained(name):
+    sandbox = Sandbox()
+    outcome = sandbox.execute(ROUND_SEVEN_RESIDUALS[name])
+    assert outcome.error is None, outcome.error
+    assert ESCAPE not in outcome.stdout, outcome.stdout
+    assert violations(sandbox) == []
+
+
+def test_checked_classes_build_only_what_admission_lets_in():
+    """``property``, ``classmethod``... as a cell holds them build and admit: C code cannot make
+    one admission refuses (``map(property, [len])``), and ``isinstance``/``type()`` still
+    answer as before."""
+    sandbox = Sandbox()
+    outcome = sandbox.execute("""
+import functools, enum, dataclasses
+try:
+    x = list(map(property, [len]))
+except TypeError as e:
+    print('refused:', e)
+def f(self):
+    return 1
+p = property(f)
+print(isinstance(p, property), type(p) is property, repr(property))
+class C:
+    @property
+    def v(self):
+        return 5
+    @v.setter
+    def v(self, x):
+        pass
+    @classmethod
+    def k(cls):
+        return 2
+    @staticmethod
+    def s():
+        return 3
+    @functools.cached_property
+    def c(self):
+        return 4
+class E(enum.Enum):
+    A = enum.member(1)
+    b = enum.nonmember(2)
+@dataclasses.dataclass
+class D:
+    x: list = dataclasses.field(default_factory=list)
+print(C().v, C.k(), C.s(), C().c, E.A.value, E.b, D(),
+      isinstance(dataclasses.fields(D)[0], dataclasses.Field))
+""")
+    assert outcome.error is None, outcome.error
+    assert outcome.stdout.splitlines() == [
+        "refused: a property in the sandbox wraps only a function defined in the sandbox",
+        "True True <class 'property'>", "5 2 3 4 1 2 D(x=[]) True"], outcome.stdout
+    assert "x" not in sandbox.namespace and violations(sandbox) == []
+
+
+def test_a_class_whose_dict_holds_what_admission_refuses_is_not_made():
+    """Whatever wrote it, a class made for a cell holds nothing admission refuses: the check
+    after every class is made (`Provenance.record`) is the guarantee, not each sink's own."""
+    import functools
+
+    sandbox = Sandbox()
+    record = sandbox.context.provenance.record
+    for namespace in ({"x": property(len)}, {"x": classmethod(functools.partial(len))},
+                      {"__eq__": [].append}, {"_y": functools.partial(len)},
+                      {"__init__": _Foreign()}):
+        cls = type("B", (), namespace)
+        with pytest.raises(TypeError, match="does not allow in a class it made"):
+            record(cls)
+        assert not sandbox.context.provenance.made_class(cls)
+
+
+class _Foreign:
+    """An object of a class the sandbox does not hold."""
+
+    def __call__(self, *args):
+        return args
+
+
+def test_the_class_machinery_passes_the_class_dict_check():
+    """What Python and the vetted class factories write into a class passes the check."""
+    sandbox = Sandbox()
+    outcome = sandbox.execute("""
+import collections, dataclasses, enum, typing, collections.abc, numbers, random
+class A: pass
+class B(collections.abc.Mapping):
+    def __init__(self): pass
+P = collections.namedtuple('P', 'x def', rename=True)
+@dataclasses.dataclass(frozen=True, slots=True, order=True)
+class D:
+    x: int = 0
+class E(enum.Enum):
+    A = 1
+    name = 2
+F = enum.IntFlag('F', {'R': 4, 'W': 2})
+class N(typing.NamedTuple):
+    x: int
+class T(typing.TypedDict):
+    x: int
+N2 = typing.NamedTuple('N2', [('x', int)])
+V = typing.TypeVar('V')
+class G(typing.Generic[V]): pass
+class Pr(typing.Protocol):
+    def f(self): pass
+class R(random.Random): pass
+class Nu(numbers.Number): pass
+class C(collections.UserDict): pass
+print(P(1, 2), D(1) < D(2), E.name.value, F.R | F.W, N(1), G(), C(a=1))
+""")
+    assert outcome.error is None, outcome.error
+    assert violations(sandbox) == []
+
