@@ -900,3 +900,15 @@ print(P(1, 2), D(1) < D(2), E.name.value, F.R | F.W, N(1), G(), C(a=1))
     assert outcome.error is None, outcome.error
     assert violations(sandbox) == []
 
+
+@pytest.mark.parametrize("base", ["JSONDecoder", "JSONEncoder"])
+def test_bases_whose_init_stores_stdlib_internals_are_refused(base):
+    """``json.JSONDecoder.__init__`` stores the module's inner scanner functions on the
+    instance; a subclass's fields, ``asdict`` and ``replace`` read them back. Such classes are
+    no allowed base; cells still use them directly."""
+    sandbox = Sandbox()
+    outcome = sandbox.execute(f"import json\nclass D(json.{base}):\n    pass")
+    assert "not a class the sandbox can derive from" in (outcome.error or ""), outcome
+    outcome = sandbox.execute("print(json.JSONDecoder().decode('[1]'), "
+                              "json.JSONEncoder().encode([2]))")
+    assert outcome.error is None and outcome.stdout == "[1] [2]\n", outcome
