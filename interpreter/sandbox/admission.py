@@ -113,7 +113,7 @@ class CheckedClass:
     constructor (``map(property, [len])`` raises as ``property(len)`` does). ``isinstance`` and
     ``issubclass`` forward to the real class; there is nothing else to read."""
 
-    __slots__ = ("_cls", "_admit", "__weakref__")
+    __slots__ = ("__weakref__", "_admit", "_cls")
 
     def __init__(self, cls: type, admit: Callable[[Any], Any]) -> None:
         object.__setattr__(self, "_cls", cls)
