@@ -212,6 +212,8 @@ class ShadowRun:
         sandbox = self.sandbox
         admission = sandbox.context.admission
         admission.hold(Lazy)  # lazy values are the shadow's own placeholders
+        for signal in (Abandoned, ShadowStopped):  # ``except BaseException as e: raise e``
+            admission.hold(signal)  # re-raises the shadow's own signal, not a stand-in
         guards = sandbox.context.guards
         self.table.admit = admission.admit_deep
         self.table.getattr, self.table.write = guards.getattr, guards.write

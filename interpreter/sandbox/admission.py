@@ -25,19 +25,23 @@ maker chooses:
   other class becomes a :class:`TypeView` (a name to print and compare, nothing to call);
 * ``functools.partial`` passes if what it holds does; descriptors and caches (``property``,
   ``classmethod``, ``staticmethod``, ``cached_property``, ``partialmethod``, ``lru_cache``
-  wrappers) only around a function the cell defined;
+  wrappers) only around a function the cell defined; their classes (`CHECKED_CLASSES`) are
+  held as a :class:`CheckedClass`, which admits what it builds, so C code calling one
+  (``map(property, [len])``) cannot build what admission refuses;
 * any other object passes if its exact type is held or made by the sandbox (exceptions too);
   everything else (modules, frames, code, tracebacks, cells, mapping proxies of class
   dicts, memoryviews, the runtime's own objects) is refused with :class:`AdmissionError`.
 
 :meth:`Admission.admit_deep` also walks containers (the results of module functions, which are
-where stdlib reflection lives).
+where stdlib reflection lives). :meth:`Admission.check_class` checks the class dict of every
+class made for a cell as a whole (provenance.py runs it when the class is recorded).
 """
 
 from __future__ import annotations
 
 import builtins
 import collections
+import collections.abc
 import csv
 import dataclasses
 import datetime
@@ -57,7 +61,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .policy import sandbox_type
+from .policy import is_sandbox_type, sandbox_type
 from .provenance import Provenance, SandboxFunction
 from .surface import held_classes, held_instance_classes
 
@@ -100,6 +104,54 @@ class TypeView:
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         raise TypeError("class views cannot leave the sandbox")
+
+
+class CheckedClass:
+    """A class whose objects admission may refuse (``property``, ``classmethod``,
+    ``enum.member``...: `CHECKED_CLASSES`) as the cell holds it: calling it builds the object
+    and admits it, so an object admission refuses is never built for a cell, whoever calls the
+    constructor (``map(property, [len])`` raises as ``property(len)`` does). ``isinstance`` and
+    ``issubclass`` forward to the real class; there is nothing else to read."""
+
+    __slots__ = ("__weakref__", "_admit", "_cls")
+
+    def __init__(self, cls: type, admit: Callable[[Any], Any]) -> None:
+        object.__setattr__(self, "_cls", cls)
+        object.__setattr__(self, "_admit", admit)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._admit(self._cls(*args, **kwargs))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise TypeError("a class of the sandbox is read-only")
+
+    __delattr__ = __setattr__  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"<class {self._cls.__qualname__!r}>"
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is CheckedClass and other._cls is self._cls
+
+    def __hash__(self) -> int:
+        return hash(self._cls)
+
+    def __instancecheck__(self, obj: Any) -> bool:
+        return isinstance(obj, self._cls)
+
+    def __subclasscheck__(self, cls: Any) -> bool:
+        return isinstance(cls, type) and issubclass(cls, self._cls)
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise TypeError("classes cannot leave the sandbox")
+
+
+CHECKED_CLASSES: tuple[type, ...] = (
+    property, classmethod, staticmethod, enum.property, functools.cached_property,
+    functools.partialmethod, enum.member, enum.nonmember, dataclasses.Field,
+)
+"""Held classes whose objects admission refuses around what they may not wrap: a cell holds
+each as a `CheckedClass`."""
 
 
 # --------------------------------------------------------------------------- what is held
@@ -202,6 +254,8 @@ class Admission:
         self._known_keep: list[Any] = []  # keeps the ids in `_known_functions` valid
         self._views: weakref.WeakKeyDictionary[type, TypeView] = weakref.WeakKeyDictionary()
         self._builtins_dicts: list[dict[str, Any]] = []
+        self._checked: dict[int, CheckedClass] = {
+            id(cls): CheckedClass(cls, self.admit) for cls in CHECKED_CLASSES}
         self.sandbox_type = sandbox_type(self.admit_class)
         """This sandbox's ``type`` (``type(x)`` answers what :meth:`admit_class` admits)."""
         self.format_guard: Callable[[Any, str], Any] | None = None
@@ -218,6 +272,9 @@ class Admission:
             functools.partial: self._partial,
             property: self._property,
             enum.property: self._property,
+            enum.member: self._wrapped_value,
+            enum.nonmember: self._wrapped_value,
+            dataclasses.Field: self._field,
             classmethod: self._wrapped_function,
             staticmethod: self._wrapped_function,
             functools.cached_property: self._wrapped_func,
@@ -229,6 +286,8 @@ class Admission:
         for kind in _REFUSED:
             self._rules[kind] = self._refuse
         self.hold_class(AdmissionError)  # what a cell catches when admission refuses
+        self.hold(CheckedClass)
+        provenance.check_class = self.check_class
 
     # -- registration ------------------------------------------------------------------------
     def hold(self, kind: type) -> None:
@@ -268,6 +327,28 @@ class Admission:
             return self.admit_class(value)
         raise AdmissionError(f"a {kind.__qualname__!r} object cannot enter the sandbox")
 
+    def admit_exception(self, exc: BaseException) -> BaseException:
+        """What ``except ... as name`` binds: ``exc`` if it passes as it is, else an exception
+        of the nearest class in its MRO the cell may hold, with its arguments if they pass
+        (else its message): stdlib code raises exceptions of classes no facade shows
+        (``io.UnsupportedOperation``), whose methods and state are not the cell's to use."""
+        if self.admissible(exc):
+            return exc
+        try:
+            args: tuple[Any, ...] = tuple(self.admit(arg) for arg in exc.args) \
+                if type(exc.args) is tuple else ()
+        except AdmissionError:
+            args = (str(exc),)
+        for cls in type(exc).__mro__:
+            if issubclass(cls, BaseException) and self.admit_class(cls) is cls:
+                try:
+                    stand_in = cls(*args)
+                except Exception:
+                    continue
+                if type(stand_in) is cls:
+                    return stand_in
+        return Exception(*args)
+
     def admissible(self, value: Any) -> bool:
         """Whether ``value`` passes as it is (no wrapper, no view)."""
         try:
@@ -276,10 +357,13 @@ class Admission:
             return False
 
     def admit_class(self, cls: type) -> Any:
-        """A class as the cell may hold it: itself, the sandbox's ``type`` for a metaclass, or
-        a `TypeView`."""
+        """A class as the cell may hold it: itself, the sandbox's ``type`` for a metaclass, a
+        `CheckedClass` for one of `CHECKED_CLASSES`, or a `TypeView`."""
         if issubclass(cls, type):
             return self.sandbox_type
+        checked = self._checked.get(id(cls))
+        if checked is not None:
+            return checked
         provenance = self.provenance
         if id(cls) in self._held_class_ids or provenance.made_class(cls) \
                 or provenance.vetted_base(cls) or cls is self.sandbox_type:
@@ -288,6 +372,33 @@ class Admission:
         if view is None:
             view = self._views[cls] = TypeView(cls)
         return view
+
+    def check_class(self, cls: type) -> None:
+        """Raise unless every value in the own class dict of ``cls``, a class just made for a
+        cell, is one the sandbox allows there: whatever path wrote it (the class body,
+        ``setattr``, a class factory, a wrapper a metaclass unwraps), a class the cell made
+        holds no object admission refuses. Under a public name (what a cell reads, what a
+        class factory writes the cell's values under), a value passes as it is, or is a slot
+        of ``cls`` itself or a named tuple's field getter. Under a name starting with ``_``
+        (which Python calls with raw objects: ``__eq__``, ``__init__``), a value is the
+        cell's own function, data that passes as it is (no callable but a class), or what
+        Python and the stdlib's class machinery write there (`_machinery`); a C callable
+        (``box.append``, a partial, a descriptor around one) never is."""
+        namespace = type.__dict__["__dict__"].__get__(cls)
+        made_function = self.provenance.made_function
+        for key, value in list(namespace.items()):
+            if type(key) is not str:
+                raise AdmissionError(f"class {cls.__name__}: a name in its dict is not a "
+                                     "string")
+            if key.startswith("_"):
+                ok = made_function(value) or _machinery(cls, value) or (
+                    self.admissible(value) and (isinstance(value, type) or not callable(value)))
+            else:
+                ok = self.admissible(value) or public_machinery(cls, key, value)
+            if not ok:
+                raise AdmissionError(f"class {cls.__name__}: {key!r} holds a "
+                                     f"{type(value).__qualname__!r} object the sandbox does "
+                                     "not allow in a class it made")
 
     def admit_deep(self, value: Any) -> Any:
         """:meth:`admit`, also of every item of the builtin containers inside ``value`` (a
@@ -383,6 +494,8 @@ class Admission:
         if not self.admissible(owner):
             raise AdmissionError(f"a method of a {type(owner).__qualname__!r} object cannot "
                                  "enter the sandbox")
+        if type(owner) is property:  # getter/setter/deleter build a property: admitted
+            return SandboxFunction(value, self.admit)
         return value
 
     def _descriptor(self, value: Any) -> Any:
@@ -432,6 +545,25 @@ class Admission:
                 self.admit(arg)
         return value
 
+    def _inner_as_is(self, inner: Any, what: str) -> None:
+        if not self.admissible(inner):
+            raise AdmissionError(f"a {what} around an object the sandbox may not hold")
+
+    def _wrapped_value(self, value: Any) -> Any:
+        """``enum.member`` / ``enum.nonmember``: the class being made unwraps the value into
+        its namespace (a ``nonmember`` becomes a class attribute, a descriptor one too), so it
+        must pass as it is (C code builds one around any value: ``map(enum.nonmember, ...)``)."""
+        self._inner_as_is(value.value, type(value).__name__)
+        return value
+
+    def _field(self, value: dataclasses.Field) -> Any:
+        """``dataclasses.Field``: ``dataclass`` sets its default as a class attribute and calls
+        its default factory, so both must pass as they are (``dataclasses.Field`` can be built
+        by C code around any value)."""
+        for inner in (value.default, value.default_factory):
+            self._inner_as_is(inner, "dataclasses.Field")
+        return value
+
     def _lru_wrapper(self, value: Any) -> Any:
         self._cell_function(value.__wrapped__, "lru_cache wrapper")
         return value
@@ -439,15 +571,73 @@ class Admission:
     def _alias(self, value: Any) -> Any:
         """A typing alias (``List[int]``, ``Annotated[X, m]``, ``list[int]``): only over what
         calling it may construct (calling an alias calls what it aliases and then writes
-        ``__orig_class__`` into the result, which must not be a class or a shared member)."""
+        ``__orig_class__`` into the result, which must not be a class or a shared member).
+        The sandbox's ``type`` is no such class: it answers with existing classes
+        (``Annotated[type, 0](json.JSONDecoder())`` wrote into ``json.JSONDecoder``)."""
         origin = object.__getattribute__(value, "__origin__")
         if isinstance(origin, type):
-            if issubclass(origin, (type, enum.Enum)) or self.admit_class(origin) is not origin:
+            if issubclass(origin, (type, enum.Enum)) or is_sandbox_type(origin) \
+                    or self.admit_class(origin) is not origin:
                 raise AdmissionError(f"typing alias of {origin.__qualname__!r} cannot enter "
                                      "the sandbox")
         elif not isinstance(origin, _ALIAS_ORIGINS):
             raise AdmissionError("a typing alias of this object cannot enter the sandbox")
         return value
+
+
+_TUPLE_GETTER: type = type(vars(collections.namedtuple("P", "x"))["x"])
+"""What ``namedtuple`` puts under each field name: reads one item of the tuple."""
+_DATACLASS_PARAMS: type = type(vars(dataclasses.dataclass(type("P", (), {})))[
+    "__dataclass_params__"])
+_ABC_DATA: type = type(vars(collections.abc.Mapping)["_abc_impl"])
+
+
+def _own_slot(cls: type, value: Any) -> bool:
+    """A slot, ``__dict__`` or ``__weakref__`` descriptor Python made for ``cls`` itself."""
+    return type(value) in (types.MemberDescriptorType, types.GetSetDescriptorType) \
+        and value.__objclass__ is cls
+
+
+def public_machinery(cls: type, key: str, value: Any) -> bool:
+    """What Python and the stdlib's class machinery write into ``cls`` under a public name
+    that admission would not let in as it is: a slot of ``cls`` itself, a named tuple's field
+    getter, an enum member's redirect."""
+    return _own_slot(cls, value) or type(value) is _TUPLE_GETTER \
+        or _enum_redirect(cls, key, value)
+
+
+def _enum_redirect(cls: type, key: str, value: Any) -> bool:
+    """The ``enum.property`` that ``EnumType`` puts under a member's name which a base
+    defines as a descriptor (a member called ``name``): it holds the member and that
+    descriptor's own functions."""
+    if type(value) is not enum.property or type(vars(value).get("member")) is not cls:
+        return False
+    inherited = [vars(base).get(key) for base in cls.__mro__[1:]]
+    return all(function is None or any(function is getattr(d, attr, None) for d in inherited)
+               for attr in ("fget", "fset", "fdel")
+               for function in (getattr(value, attr),))
+
+
+def _machinery(cls: type, value: Any) -> bool:
+    """What Python and the stdlib's class machinery (``type``, ``ABCMeta``, ``EnumType``,
+    typing's metaclasses, ``namedtuple``, ``dataclass``) write under a name starting with
+    ``_``: the class's own slots, Python functions (generated or the stdlib's: a cell holds
+    none raw, only as a `SandboxFunction`), the static or class methods around them and such
+    functions bound to ``cls``, the slot wrappers and the ``__new__`` of a class ``cls``
+    derives from, a named tuple's field getters (``rename=True`` names them ``_1``...), an
+    ABC's cache, a dataclass's parameters."""
+    kind = type(value)
+    if kind is types.MethodType and value.__self__ is cls:  # a flag's _iter_member_
+        value, kind = value.__func__, type(value.__func__)
+    if kind in (staticmethod, classmethod):
+        value, kind = value.__func__, type(value.__func__)
+    if kind in (types.FunctionType, _TUPLE_GETTER, _DATACLASS_PARAMS, _ABC_DATA):
+        return True
+    if kind in (types.WrapperDescriptorType, types.MethodDescriptorType):
+        return any(value.__objclass__ is base for base in cls.__mro__)
+    if kind is types.BuiltinFunctionType:  # an enum's _new_member_
+        return value.__name__ == "__new__" and any(value.__self__ is b for b in cls.__mro__)
+    return _own_slot(cls, value)
 
 
 class _ModuleGlobals:
@@ -470,4 +660,5 @@ class _ModuleGlobals:
 _is_module_globals = _ModuleGlobals().holds
 
 
-__all__ = ["Admission", "AdmissionError", "TypeView", "held_instance_types"]
+__all__ = ["CHECKED_CLASSES", "Admission", "AdmissionError", "CheckedClass", "TypeView",
+           "held_instance_types", "public_machinery"]

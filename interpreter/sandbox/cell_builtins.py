@@ -15,7 +15,7 @@ from agentrt.tools.errors import ToolError
 
 from .admission import Admission
 from .classes import STATEMENT, ClassBuilder
-from .doors import ADMIT, ADMIT_ALL, ADMIT_KEYWORDS, DECORATE, ENTER
+from .doors import ADMIT, ADMIT_ALL, ADMIT_EXCEPTION, ADMIT_KEYWORDS, DECORATE, ENTER
 from .modules import SandboxModule, guarded_import
 from .output import Printer, SandboxContext
 
@@ -117,7 +117,7 @@ def doors(admission: Admission) -> dict[str, Callable[..., Any]]:
         return _AdmittedContext(manager, admit)
 
     return {ADMIT: admit, ADMIT_ALL: admit_all, ADMIT_KEYWORDS: admit_keywords,
-            DECORATE: decorate, ENTER: enter}
+            DECORATE: decorate, ENTER: enter, ADMIT_EXCEPTION: admission.admit_exception}
 
 
 class _AdmittedContext:

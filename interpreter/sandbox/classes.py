@@ -27,10 +27,8 @@ import decimal
 import enum
 import fractions
 import io
-import json
 import numbers
 import random
-import string
 import types
 import typing
 from typing import Any
@@ -62,12 +60,19 @@ ALLOWED_BASES: frozenset[type] = _mro_closure([
     numbers.Number, numbers.Complex, numbers.Real, numbers.Rational, numbers.Integral,
     typing.Generic, typing.Protocol, _NAMED_TUPLE_BASE, _TYPED_DICT_BASE,
     enum.Enum, enum.IntEnum, enum.Flag, enum.IntFlag, enum.StrEnum,
-    json.JSONEncoder, json.JSONDecoder, string.Template, random.Random,
+    random.Random,
     decimal.Decimal, fractions.Fraction, datetime.date, datetime.datetime, datetime.time,
     datetime.timedelta, datetime.tzinfo, io.StringIO, io.BytesIO,
 ]) - {type}
 """Real classes a class statement may derive from (besides what the sandbox made), with every
-class they derive from; ``type`` is never one of them."""
+class they derive from; ``type`` is never one of them. A subclass's instances are the cell's
+to write, so a base is on the list only if its own methods call the attributes a subclass
+controls with nothing but what the cell gave them (not ``string.Template``: ``substitute``
+hands its inner ``convert`` function to ``self.pattern.sub``, whatever ``pattern`` is), and
+only if its ``__init__`` stores nothing but what it was given and plain data on the instance
+(not ``json.JSONDecoder``, which stores the module's inner scanner functions as
+``parse_object``, ``scan_once``...; nor ``json.JSONEncoder`` with it: a subclass's fields,
+``asdict`` or ``replace`` read them back). Cells still use these classes directly."""
 
 ALLOWED_METACLASSES: frozenset[type] = frozenset({
     type, type(collections.abc.Mapping), enum.EnumType, type(typing.Protocol),

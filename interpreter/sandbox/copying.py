@@ -31,13 +31,13 @@ import typing
 from collections.abc import Callable
 from typing import Any
 
-from .admission import Admission, TypeView
+from .admission import Admission, CheckedClass, TypeView
 from .provenance import SandboxFunction
 
 _ATOMIC: tuple[type, ...] = (
     int, float, complex, bool, str, bytes, type(None), type(...), type(NotImplemented), range,
     slice, type, types.FunctionType, types.BuiltinFunctionType, types.MethodType,
-    types.MethodDescriptorType, SandboxFunction, TypeView, enum.Enum,
+    types.MethodDescriptorType, SandboxFunction, TypeView, CheckedClass, enum.Enum,
     datetime.date, datetime.time, datetime.timedelta, datetime.tzinfo, decimal.Decimal,
     fractions.Fraction, re.Pattern, re.Match, property, classmethod, staticmethod,
     typing._Final,  # type: ignore[attr-defined]  # typing's aliases and special forms

@@ -14,11 +14,14 @@ What RestrictedPython already routes through a guard, the guards admit: attribut
   ``**kwargs`` value by value);
 * what ``with ... as target`` binds: ``with _enter_(manager) as target``, whose
   ``__enter__`` admits the manager's before anything is bound;
-* what a decorator returns: ``@_decorate_(d)`` admits ``d(f)``.
+* what a decorator returns: ``@_decorate_(d)`` admits ``d(f)``;
+* what ``except ... as name`` binds: ``name = _admit_exception_(name)`` first thing in the
+  handler (stdlib code raises exceptions of classes no facade shows, ``io.UnsupportedOperation``
+  for one: the cell holds one of the nearest class it may hold instead).
 
 Names the cell binds otherwise come from what it already holds (displays, comprehensions over
-admitted iterations, ``except`` targets, which are exceptions) or from the sandbox itself
-(imports give module facades, class statements the vetted class builder).
+admitted iterations) or from the sandbox itself (imports give module facades, class statements
+the vetted class builder).
 """
 
 from __future__ import annotations
@@ -30,13 +33,14 @@ ADMIT_ALL = "_admit_all_"
 ADMIT_KEYWORDS = "_admit_keywords_"
 DECORATE = "_decorate_"
 ENTER = "_enter_"
+ADMIT_EXCEPTION = "_admit_exception_"
 
 _BOOL_COMPARISONS = (ast.In, ast.NotIn, ast.Is, ast.IsNot)
 
 HOOKS = frozenset({
     "_getattr_", "_getitem_", "_write_", "_getiter_", "_inplacevar_", "_apply_", "_print_",
     "_unpack_sequence_", "_iter_unpack_sequence_", ADMIT, ADMIT_ALL, ADMIT_KEYWORDS, DECORATE,
-    ENTER,
+    ENTER, ADMIT_EXCEPTION,
 })
 """Functions of the sandbox the compiled code calls: they admit what they return themselves."""
 
@@ -157,6 +161,13 @@ class DoorRewrite(ast.NodeTransformer):
         node.decorator_list = [_call(DECORATE, d) for d in node.decorator_list]
         return node
 
+    # -- except ... as target ----------------------------------------------------------------
+    def visit_ExceptHandler(self, node: ast.ExceptHandler) -> ast.AST:
+        self.generic_visit(node)
+        if node.name is not None:
+            node.body.insert(0, _admit_statement(node.name, ADMIT_EXCEPTION, node))
+        return node
+
     # -- with ... as target ------------------------------------------------------------------
     def visit_withitem(self, node: ast.withitem) -> ast.AST:
         self.generic_visit(node)
@@ -171,5 +182,5 @@ def open_doors(tree: ast.Module) -> ast.Module:
     return ast.fix_missing_locations(tree)
 
 
-__all__ = ["ADMIT", "ADMIT_ALL", "ADMIT_KEYWORDS", "DECORATE", "ENTER", "HOOKS", "DoorRewrite",
-           "open_doors"]
+__all__ = ["ADMIT", "ADMIT_ALL", "ADMIT_EXCEPTION", "ADMIT_KEYWORDS", "DECORATE", "ENTER",
+           "HOOKS", "DoorRewrite", "open_doors"]

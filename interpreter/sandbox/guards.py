@@ -161,9 +161,11 @@ class Guards:
             "sets and objects of classes defined in the sandbox can be changed)")
 
     def setattr(self, obj: Any, name: str, value: Any) -> None:
-        """``setattr`` for sandboxed code."""
+        """``setattr`` for sandboxed code. The value is admitted too: C code can call this
+        function with a value no door saw (``map(setattr, [C], ['x'], map(property, [len]))``
+        built a descriptor admission refuses and put it on a class the cell made)."""
         check_attribute_name(obj, name)
-        setattr(self.write(obj), name, value)
+        setattr(self.write(obj), name, self.admission.admit(value))
 
     def delattr(self, obj: Any, name: str) -> None:
         """``delattr`` for sandboxed code."""

@@ -62,6 +62,29 @@ def _safe_attrgetter(guards: Guards) -> Callable[..., Callable[[Any], Any]]:
     return attrgetter
 
 
+def _safe_item_functions(guards: Guards) -> dict[str, Callable[..., Any]]:
+    """``operator.getitem`` and ``operator.itemgetter`` whose lookups go through the guard:
+    what ``obj[key]`` gives is admitted, as ``x[k]`` in cell code is. C code calls them
+    where no door sees the result (``map(operator.getitem, [typing.Annotated], [(f, 0)])``
+    built an alias over any callable, and calling one writes ``__orig_class__`` into what the
+    callable returns: a stdlib class)."""
+
+    def getitem(obj: Any, key: Any, /) -> Any:
+        """``obj[key]``, admitted."""
+        return guards.getitem(obj, key)
+
+    def itemgetter(*items: Any) -> Callable[[Any], Any]:
+        """``operator.itemgetter`` whose lookups go through the sandbox's guard."""
+        if not items:
+            raise TypeError("itemgetter expected 1 argument, got 0")
+        if len(items) == 1:
+            item = items[0]
+            return lambda obj: guards.getitem(obj, item)
+        return lambda obj: tuple(guards.getitem(obj, item) for item in items)
+
+    return {"getitem": getitem, "itemgetter": itemgetter}
+
+
 def _safe_methodcaller(guards: Guards) -> Callable[..., Callable[[Any], Any]]:
     def methodcaller(name: str, /, *args: Any, **kwargs: Any) -> Callable[[Any], Any]:
         """``operator.methodcaller`` whose lookup goes through the sandbox's guards."""
@@ -173,14 +196,21 @@ def _safe_dataclass(provenance: Provenance) -> Callable[..., Any]:
     return dataclass
 
 
-def _safe_replace(provenance: Provenance) -> Callable[..., Any]:
+def _safe_replace(context: SandboxContext) -> Callable[..., Any]:
+    provenance, admit = context.provenance, context.admission.admit
+
     def replace(obj: Any, /, **changes: Any) -> Any:
         """``dataclasses.replace`` for dataclass instances the sandbox made (it reads every
-        field's name and value off the object)."""
+        field's name and value off the object). The values it reads are admitted first: it
+        hands them to the class's ``__init__``, which may be a stdlib base's calling an
+        attribute the cell chose (``UserDict.__init__`` calls ``self.update``)."""
         if isinstance(obj, type) or not provenance.made(obj) or not dataclasses.is_dataclass(obj):
             raise TypeError("replace() applies to instances of dataclasses defined in the "
                             "sandbox")
         _check_dataclass_fields(type(obj), provenance)
+        for field in dataclasses.fields(obj):
+            if field.init and field.name not in changes:
+                changes[field.name] = admit(getattr(obj, field.name))
         return dataclasses.replace(obj, **changes)
 
     return replace
@@ -188,9 +218,14 @@ def _safe_replace(provenance: Provenance) -> Callable[..., Any]:
 
 def _fields_as(copier: Copier, factory_name: str, pairs: bool) -> Callable[..., Any]:
     """``dataclasses.asdict`` (``pairs``) or ``astuple``, copying leaf values with the
-    sandbox's own ``copy.deepcopy``."""
+    sandbox's own ``copy.deepcopy``. Every value it reads off the object (field values, the
+    items of containers) is admitted before anything else sees it: the factory is the cell's
+    own callable (``dict_factory=box.extend``), and a field can name what a stdlib base's
+    ``__init__`` stored (``JSONDecoder``'s ``parse_object``)."""
+    admit = copier.admission.admit
 
     def convert(obj: Any, factory: Callable[[list[Any]], Any]) -> Any:
+        obj = admit(obj)
         if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
             values = [(field.name, convert(getattr(obj, field.name), factory))
                       for field in dataclasses.fields(obj)]
@@ -266,6 +301,12 @@ def _sandbox_enum(base: type, context: SandboxContext) -> type:
     def create(cls: Any, class_name: Any, names: Any, **options: Any) -> Any:
         names, keys = _member_names(names)
         check_field_names(keys, "Enum member name")
+        values = names.values() if isinstance(names, dict) else \
+            [item[1] for item in names if type(item) is tuple]
+        for value in values:  # a descriptor becomes a class attribute, not a member
+            if not context.admission.admissible(value):
+                raise TypeError(f"Enum member value {type(value).__name__!r}: not an object "
+                                "the sandbox may hold")
         for option in ("module", "qualname"):
             if options.pop(option, None) is not None:
                 raise ValueError(f"Enum(..., {option}=...) is not supported in the sandbox")
@@ -341,6 +382,7 @@ _REPLACEMENTS: dict[str, Callable[[SandboxContext], Mapping[str, Any]]] = {
     "operator": lambda context: {
         "attrgetter": _safe_attrgetter(context.guards),
         "methodcaller": _safe_methodcaller(context.guards),
+        **_safe_item_functions(context.guards),
         **{name: _writing_to_argument(getattr(operator, name), context.guards)
            for name in ("setitem", "delitem")}},
     "collections": lambda context: {"namedtuple": _safe_namedtuple(context)},
@@ -348,7 +390,7 @@ _REPLACEMENTS: dict[str, Callable[[SandboxContext], Mapping[str, Any]]] = {
                              for name in _ENUM_CLASSES if hasattr(enum, name)},
     "dataclasses": lambda context: {
         "dataclass": _safe_dataclass(context.provenance),
-        "replace": _safe_replace(context.provenance),
+        "replace": _safe_replace(context),
         "asdict": _fields_as(Copier(context.admission), "dict_factory", pairs=True),
         "astuple": _fields_as(Copier(context.admission), "tuple_factory", pairs=False)},
     "pprint": lambda context: {"pprint": _sandbox_pprint(context),

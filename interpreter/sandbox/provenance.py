@@ -26,8 +26,9 @@ class SandboxFunction:
     documentation, and nothing else. Its results pass through ``check`` when one is given.
 
     A method defined in a class body (``ChainMap.new_child``, however it was reached: off the
-    class, a subclass, a copy of the class's dict) runs only on a ``self`` of that class, by its
-    real type: a stdlib method does what it likes with ``self`` (sets attributes on it, calls
+    class, a subclass, a copy of the class's dict, bound by a descriptor such as a
+    ``classmethod`` wrapped around it) runs only on a ``self`` of that class, by its real type:
+    a stdlib method does what it likes with ``self`` (sets attributes on it, calls
     ``self.__class__``). It does not bind as a method (no ``__get__``): stored on a class it
     stays a plain callable.
     """
@@ -36,6 +37,11 @@ class SandboxFunction:
 
     def __init__(self, function: Callable[..., Any],
                  check: Callable[[Any], Any] | None = None) -> None:
+        if type(function) is types.MethodType:  # bound by a descriptor: the same rule
+            owner = method_owner(function.__func__)
+            if owner is not None and not issubclass(type(function.__self__), owner):
+                raise TypeError(f"{owner.__qualname__}.{function.__func__.__name__}() runs "
+                                f"only on a {owner.__qualname__!r} object")
         object.__setattr__(self, "_function", function)
         object.__setattr__(self, "_check", check)
         object.__setattr__(self, "_owner", method_owner(function))
@@ -108,11 +114,21 @@ class Provenance:
         self._vetted_bases = _ClassesById()
         """Classes the facades made for this sandbox that a class statement may derive from
         (the enum classes), beside the fixed allow-list of classes.py; not writable."""
+        self.check_class: Callable[[type], None] = lambda cls: None
+        """Raises unless the class dict of a class just made holds only what the sandbox
+        allows there (set by admission.py: `Admission.check_class`)."""
 
     def record(self, cls: Any) -> Any:
-        """Record ``cls`` as made by the sandbox; returns it."""
+        """Record ``cls`` as made by the sandbox, once its own class dict passes
+        `check_class`; returns it. Every path that makes a class for a cell ends here (the
+        class statement, the class factories, ``dataclass``)."""
         if isinstance(cls, type):
-            self._classes.add(cls)
+            self._classes.add(cls)  # first: the check admits the class's own members
+            try:
+                self.check_class(cls)
+            except BaseException:
+                self._classes.discard(cls)
+                raise
         return cls
 
     def vet_base(self, cls: type) -> None:
@@ -158,6 +174,10 @@ class _ClassesById:
                 del self._refs[key]
 
         self._refs[key] = weakref.ref(cls, forget)
+
+    def discard(self, cls: type) -> None:
+        if self.holds(cls):
+            del self._refs[id(cls)]
 
     def holds(self, cls: Any) -> bool:
         ref = self._refs.get(id(cls))

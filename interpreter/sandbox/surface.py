@@ -103,9 +103,11 @@ def _public_classes(name: str, module: types.ModuleType) -> Iterator[type]:
 NEVER_HELD: frozenset[type] = frozenset({
     memoryview, string.Formatter, collections.UserString, typing.ForwardRef,
     functools.singledispatchmethod, operator.attrgetter, operator.methodcaller,
+    operator.itemgetter,
 })
 """Classes no cell holds, whichever module shows them (the real ``attrgetter`` and
-``methodcaller`` read any attribute: the facade's replacements are functions)."""
+``methodcaller`` read any attribute, the real ``itemgetter`` subscripts where no door sees the
+result: the facade's replacements are functions)."""
 
 
 @functools.cache

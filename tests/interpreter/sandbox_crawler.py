@@ -27,7 +27,7 @@ import typing
 
 from agentrt.interpreter import sandbox as sandbox_module
 from agentrt.interpreter.sandbox import surface
-from agentrt.interpreter.sandbox.admission import TypeView
+from agentrt.interpreter.sandbox.admission import CheckedClass, TypeView
 
 # Where the classes of the allowed modules are implemented (their C accelerators and private
 # helpers); an object of one of these classes is part of what the sandbox offers.
@@ -46,11 +46,12 @@ SANDBOX_CLASS_MODULES = frozenset({sandbox_module.SANDBOX_MODULE_NAME,
                                    __name__})
 """Where the sandbox's own classes and functions live (``__name__``: classes that ``typing``'s
 class factories name after their caller, here the walk itself)."""
-EXTRA_CLASSES = frozenset({TypeView}) | (frozenset({type(functools.cached_property(len).lock)})
-                                         if hasattr(functools.cached_property(len), "lock")
-                                         else frozenset())
-"""The sandbox's view of a class it does not hand out, and Python 3.11's
-``functools.cached_property`` RLock (only the worker's own thread can take it)."""
+EXTRA_CLASSES = frozenset({TypeView, CheckedClass}) | (
+    frozenset({type(functools.cached_property(len).lock)})
+    if hasattr(functools.cached_property(len), "lock") else frozenset())
+"""The sandbox's view of a class it does not hand out, its checking constructors (``property``
+as a cell holds it), and Python 3.11's ``functools.cached_property`` RLock (only the worker's
+own thread can take it)."""
 SKIPPED_CALLS = frozenset({"sleep"})  # time.sleep(1) and the like only cost the crawl time
 PER_TYPE = 3
 MAX_VISITS = 150_000

@@ -29,6 +29,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 from agentrt.interpreter.sandbox import Sandbox
+from agentrt.interpreter.sandbox.admission import public_machinery
 from agentrt.interpreter.sandbox.classes import ALLOWED_METACLASSES
 from agentrt.interpreter.sandbox.policy import is_sandbox_type
 
@@ -226,7 +227,8 @@ def _held(value: Any, depth: int, made: Any) -> Iterator[Any]:
         items = [item for pair in list(value.items())[:50] for item in pair]
     elif issubclass(type(value), type) and value in made:
         items = [item for name, item in type.__dict__["__dict__"].__get__(value).items()
-                 if not name.startswith("_")][:50]  # what a cell can read of it
+                 if not name.startswith("_")  # what a cell can read of it, but for what
+                 and not public_machinery(value, name, item)][:50]  # Python put there
     else:
         return
     for item in items:
@@ -242,12 +244,19 @@ def violations(sandbox: Sandbox) -> list[str]:
     for name, value in sandbox.variables().items():
         for obj in _held(value, 3, sandbox.context.provenance.classes):
             problem = violation(obj, sandbox, module_globals)
-            if problem is None:
+            # A dict is judged by identity above: admission also refuses a dict the cell
+            # wrote itself when it has a '__builtins__' key, which holds nothing real.
+            if problem is None and type(obj) is not dict:
                 try:
-                    if admit(obj) is not obj and type(obj) is not dict:
+                    if admit(obj) is not obj:
                         problem = f"a {type(obj).__qualname__} admission would not let in"
                 except TypeError as exc:
                     problem = f"a {type(obj).__qualname__} admission refuses ({exc})"
+            if problem is None and sandbox.context.provenance.made_class(obj):
+                try:  # its class dict as a whole, as when it was made
+                    sandbox.context.admission.check_class(obj)
+                except TypeError as exc:
+                    problem = f"a class whose dict admission refuses ({exc})"
             if problem is not None:
                 found.append(f"{name} holds {problem}")
     return found

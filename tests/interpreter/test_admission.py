@@ -1,10 +1,10 @@
 """Admission: every door a value can reach a cell by admits it (doors.py, admission.py).
 
-The escapes of the third to sixth red-team rounds, each a different path to a real object, run
-here against the first wall alone (an in-process sandbox, the fuzzer's oracle on what the
-namespace holds) and, for the shadow's paths, in shadow mode with lazy values resolving. Then
-the doors themselves: each kind of door is shown to admit, by a cell that would bind a real
-object through it if it did not.
+The escapes of the third to seventh red-team rounds, each a different path to a real object, and
+the seventh round's residual risks, closed by construction, run here against the first wall
+alone (an in-process sandbox, the fuzzer's oracle on what the namespace holds) and, for the
+shadow's paths, in shadow mode with lazy values resolving. Then the doors themselves: each kind
+of door is shown to admit, by a cell that would bind a real object through it if it did not.
 """
 
 from __future__ import annotations
@@ -376,7 +376,132 @@ except TypeError:
 }
 
 
-ALL_ROUNDS = {**ROUND_THREE, **ROUND_FOUR, **ROUND_FIVE, **ROUND_SIX}
+ROUND_SEVEN = {
+    "except-target-of-a-class-no-facade-shows": """
+import io
+try:
+    io.StringIO().fileno()
+except Exception as e:
+    err = e
+if repr(type(err)) != "<class 'OSError'>":
+    print('ESCAPED', type(err))
+""",
+    "stdlib-base-hands-an-inner-function-to-an-attribute-of-self": """
+import string
+box = {}
+try:
+    class T(string.Template):
+        pass
+    class Holder:
+        pass
+    h = Holder()
+    h.sub = box.setdefault
+    t = T('x')
+    t.pattern = h
+    t.substitute({})
+except TypeError:
+    print('refused')
+if box:
+    print('ESCAPED', box)
+""",
+    "asdict-factory-gets-what-a-stdlib-init-stored": """
+import dataclasses, json
+@dataclasses.dataclass
+class D(json.JSONDecoder):
+    parse_object: int = dataclasses.field(init=False, default=0)
+    parse_constant: int = dataclasses.field(init=False, default=0)
+d = D()
+super(D, d).__init__()
+box = []
+for convert in (dataclasses.asdict, dataclasses.astuple):
+    try:
+        convert(d, **{'dict_factory' if convert is dataclasses.asdict
+                      else 'tuple_factory': box.extend})
+    except TypeError:
+        print('refused')
+if repr(box).count('function JSONObject at') or 'method-wrapper' in repr(box) \
+        or 'built-in method' in repr(box):
+    print('ESCAPED', box)
+""",
+    "alias-of-the-sandboxs-type-writes-orig-class-into-a-stdlib-class": """
+import typing, json
+try:
+    typing.Annotated[type, 0](json.JSONDecoder())
+except TypeError:
+    print('refused')
+""",
+    "setattr-called-by-c-code-with-a-descriptor-no-door-saw": """
+import functools
+box = {}
+class C:
+    pass
+grab = functools.partial(dict.setdefault, box)
+try:
+    list(map(setattr, [C], ['x'], map(classmethod, map(property, [grab]))))
+except TypeError:
+    print('refused')
+try:
+    C.x
+    print('ESCAPED', box)
+except AttributeError:
+    pass
+""",
+    "descriptor-no-door-saw-unwrapped-into-a-class": """
+import functools, enum, dataclasses
+box = {}
+grab = functools.partial(dict.setdefault, box)
+try:
+    class E1(enum.Enum):
+        A = 1
+        x = list(map(enum.nonmember, map(property, [grab])))[0]
+except TypeError:
+    print('refused')
+try:
+    E2 = enum.Enum('E2', list(zip(['A', 'x'], [1, *map(property, [grab])])))
+except TypeError:
+    print('refused')
+try:
+    @dataclasses.dataclass
+    class D:
+        x: int = list(map(dataclasses.Field, map(property, [grab]), [dataclasses.MISSING],
+                          [True], [True], [None], [True], [None], [False]))[0]
+except TypeError:
+    print('refused')
+""",
+    "alias-built-and-called-by-c-code-writes-orig-class": """
+import typing, operator, json, copy
+T = typing.TypeVar('T')
+try:
+    list(map(list, map(map, map(operator.getitem, [typing.Annotated], [(copy.copy, 0)]),
+                       [[json.JSONDecoder]])))
+except TypeError:
+    print('refused')
+try:
+    list(map(list, map(map, map(operator.itemgetter(copy.copy), [typing.Annotated[T, 1]]),
+                       [[json.JSONEncoder]])))
+except TypeError:
+    print('refused')
+""",
+    "replace-hands-what-a-stdlib-init-stored-to-a-base-init": """
+import dataclasses, json, collections
+box = []
+@dataclasses.dataclass(init=False)
+class D(collections.UserDict, json.JSONDecoder):
+    parse_object: int = 0
+    update = box.append
+d = D()
+super(collections.UserDict, d).__init__()
+try:
+    dataclasses.replace(d)
+except TypeError:
+    print('refused')
+if 'function JSONObject at' in repr(box):
+    print('ESCAPED', box)
+""",
+}
+
+
+ALL_ROUNDS = {**ROUND_THREE, **ROUND_FOUR, **ROUND_FIVE, **ROUND_SIX, **ROUND_SEVEN}
 
 
 @pytest.mark.parametrize("name", sorted(ALL_ROUNDS))
@@ -391,6 +516,12 @@ def test_red_team_escapes_are_contained(name):
         import textwrap
 
         assert textwrap.TextWrapper.unicode_whitespace_trans.get(32) != "X"
+    if name in ("alias-of-the-sandboxs-type-writes-orig-class-into-a-stdlib-class",
+                "alias-built-and-called-by-c-code-writes-orig-class"):
+        import json
+
+        assert "__orig_class__" not in vars(json.JSONDecoder)
+        assert "__orig_class__" not in vars(json.JSONEncoder)
 
 
 # -- the shadow's paths ------------------------------------------------------------------------
@@ -544,6 +675,14 @@ class _Context:
         return False
 
 
+class _RealError(Exception):
+    """An exception of a class the sandbox does not hold."""
+
+
+def _raise_real():
+    raise _RealError("real")
+
+
 class _Adds:
     def __add__(self, other):
         return _Real()
@@ -555,7 +694,7 @@ def test_every_door_admits(door):
     sandbox = Sandbox()
     sandbox.namespace.update({
         "give": lambda: real, "give_op": _Adds(), "box": [real],
-        "item": real, "deco": lambda function: real,
+        "item": real, "deco": lambda function: real, "raise_real": _raise_real,
     })
     sandbox.context.admission.hold(_Holder)
     sandbox.context.admission.hold(_Context)
@@ -567,6 +706,19 @@ def test_every_door_admits(door):
         (door, outcome)
     held = sandbox.namespace.get("v")
     assert held is not real and not (type(held) is list and real in held)
+
+
+def test_the_except_door_admits():
+    """An exception of a class the sandbox does not hold is bound as one of the nearest class
+    it holds, with its arguments (or its message, when they do not pass)."""
+    sandbox = Sandbox()
+    sandbox.namespace["raise_real"] = _raise_real
+    outcome = sandbox.execute("try:\n    raise_real()\nexcept Exception as e:\n    v = e\n"
+                              "print(type(v), v)")
+    assert outcome.error is None and outcome.stdout == "<class 'Exception'> real\n", outcome
+    assert type(sandbox.namespace["v"]) is Exception
+    del sandbox.namespace["raise_real"]  # the test's own raw function
+    assert violations(sandbox) == []
 
 
 def test_admission_maps_and_refuses():
@@ -582,3 +734,181 @@ def test_admission_maps_and_refuses():
             admit(refused)
     assert type(admit(len)) is type(len)  # a builtin the sandbox hands out
     assert repr(admit(types.FunctionType)) == "<class 'function'>"
+
+
+def test_the_except_door_keeps_the_shadows_signals():
+    """``except BaseException as e: raise e`` in a shadow re-raises the shadow's own signal."""
+    from agentrt.interpreter.lazy import Abandoned
+
+    sandbox, _ = run_in_shadow("x = 1")
+    signal = Abandoned("never arrives")
+    assert sandbox.context.admission.admit_exception(signal) is signal
+
+
+def test_a_stdlib_method_bound_to_a_foreign_self_is_refused():
+    """A class-body function bound by a descriptor to what is not an instance of its class
+    (``classmethod(ChainMap.new_child)`` on a class the cell made: ``self.__class__`` would be
+    the real ``type``) is refused, however it reached admission."""
+    import collections
+
+    sandbox = Sandbox()
+    sandbox.execute("class K:\n    pass")
+    bound = types.MethodType(collections.ChainMap.new_child, sandbox.namespace["K"])
+    with pytest.raises(TypeError):
+        sandbox.context.admission.admit(bound)
+    chain = collections.ChainMap()
+    assert sandbox.context.admission.admit(chain.new_child)() == collections.ChainMap({}, {})
+
+
+# -- round 7 residuals: closed by construction ---------------------------------------------------
+
+ROUND_SEVEN_RESIDUALS = {
+    "c-code-builds-descriptors-admission-refuses": """
+import functools, enum, dataclasses
+def f(self):
+    return 1
+box = {}
+grab = functools.partial(dict.setdefault, box)
+held = []
+for build in (property, classmethod, staticmethod, functools.cached_property,
+              functools.partialmethod, enum.property, property(f).setter):
+    for inner in (len, grab):
+        try:
+            held.append(list(map(build, [inner])))
+            print('ESCAPED built', build)
+        except TypeError:
+            pass
+for build in (enum.member, enum.nonmember, dataclasses.Field):
+    try:
+        held.append(list(map(build, map(property, [grab]))))
+        print('ESCAPED built', build)
+    except TypeError:
+        pass
+""",
+}
+
+
+@pytest.mark.parametrize("name", sorted(ROUND_SEVEN_RESIDUALS))
+def test_round_seven_residuals_are_contained(name):
+    sandbox = Sandbox()
+    outcome = sandbox.execute(ROUND_SEVEN_RESIDUALS[name])
+    assert outcome.error is None, outcome.error
+    assert ESCAPE not in outcome.stdout, outcome.stdout
+    assert violations(sandbox) == []
+
+
+def test_checked_classes_build_only_what_admission_lets_in():
+    """``property``, ``classmethod``... as a cell holds them build and admit: C code cannot make
+    one admission refuses (``map(property, [len])``), and ``isinstance``/``type()`` still
+    answer as before."""
+    sandbox = Sandbox()
+    outcome = sandbox.execute("""
+import functools, enum, dataclasses
+try:
+    x = list(map(property, [len]))
+except TypeError as e:
+    print('refused:', e)
+def f(self):
+    return 1
+p = property(f)
+print(isinstance(p, property), type(p) is property, repr(property))
+class C:
+    @property
+    def v(self):
+        return 5
+    @v.setter
+    def v(self, x):
+        pass
+    @classmethod
+    def k(cls):
+        return 2
+    @staticmethod
+    def s():
+        return 3
+    @functools.cached_property
+    def c(self):
+        return 4
+class E(enum.Enum):
+    A = enum.member(1)
+    b = enum.nonmember(2)
+@dataclasses.dataclass
+class D:
+    x: list = dataclasses.field(default_factory=list)
+print(C().v, C.k(), C.s(), C().c, E.A.value, E.b, D(),
+      isinstance(dataclasses.fields(D)[0], dataclasses.Field))
+""")
+    assert outcome.error is None, outcome.error
+    assert outcome.stdout.splitlines() == [
+        "refused: a property in the sandbox wraps only a function defined in the sandbox",
+        "True True <class 'property'>", "5 2 3 4 1 2 D(x=[]) True"], outcome.stdout
+    assert "x" not in sandbox.namespace and violations(sandbox) == []
+
+
+def test_a_class_whose_dict_holds_what_admission_refuses_is_not_made():
+    """Whatever wrote it, a class made for a cell holds nothing admission refuses: the check
+    after every class is made (`Provenance.record`) is the guarantee, not each sink's own."""
+    import functools
+
+    sandbox = Sandbox()
+    record = sandbox.context.provenance.record
+    for namespace in ({"x": property(len)}, {"x": classmethod(functools.partial(len))},
+                      {"__eq__": [].append}, {"_y": functools.partial(len)},
+                      {"__init__": _Foreign()}):
+        cls = type("B", (), namespace)
+        with pytest.raises(TypeError, match="does not allow in a class it made"):
+            record(cls)
+        assert not sandbox.context.provenance.made_class(cls)
+
+
+class _Foreign:
+    """An object of a class the sandbox does not hold."""
+
+    def __call__(self, *args):
+        return args
+
+
+def test_the_class_machinery_passes_the_class_dict_check():
+    """What Python and the vetted class factories write into a class passes the check."""
+    sandbox = Sandbox()
+    outcome = sandbox.execute("""
+import collections, dataclasses, enum, typing, collections.abc, numbers, random
+class A: pass
+class B(collections.abc.Mapping):
+    def __init__(self): pass
+P = collections.namedtuple('P', 'x def', rename=True)
+@dataclasses.dataclass(frozen=True, slots=True, order=True)
+class D:
+    x: int = 0
+class E(enum.Enum):
+    A = 1
+    name = 2
+F = enum.IntFlag('F', {'R': 4, 'W': 2})
+class N(typing.NamedTuple):
+    x: int
+class T(typing.TypedDict):
+    x: int
+N2 = typing.NamedTuple('N2', [('x', int)])
+V = typing.TypeVar('V')
+class G(typing.Generic[V]): pass
+class Pr(typing.Protocol):
+    def f(self): pass
+class R(random.Random): pass
+class Nu(numbers.Number): pass
+class C(collections.UserDict): pass
+print(P(1, 2), D(1) < D(2), E.name.value, F.R | F.W, N(1), G(), C(a=1))
+""")
+    assert outcome.error is None, outcome.error
+    assert violations(sandbox) == []
+
+
+@pytest.mark.parametrize("base", ["JSONDecoder", "JSONEncoder"])
+def test_bases_whose_init_stores_stdlib_internals_are_refused(base):
+    """``json.JSONDecoder.__init__`` stores the module's inner scanner functions on the
+    instance; a subclass's fields, ``asdict`` and ``replace`` read them back. Such classes are
+    no allowed base; cells still use them directly."""
+    sandbox = Sandbox()
+    outcome = sandbox.execute(f"import json\nclass D(json.{base}):\n    pass")
+    assert "not a class the sandbox can derive from" in (outcome.error or ""), outcome
+    outcome = sandbox.execute("print(json.JSONDecoder().decode('[1]'), "
+                              "json.JSONEncoder().encode([2]))")
+    assert outcome.error is None and outcome.stdout == "[1] [2]\n", outcome
