@@ -61,11 +61,13 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from agentrt.errors import AgentrtError
+
 from .policy import is_sandbox_type, sandbox_type
 from .provenance import Provenance, SandboxFunction
 from .surface import held_classes, held_instance_classes
 
-class AdmissionError(TypeError):
+class AdmissionError(AgentrtError, TypeError):
     """A value the sandbox may not hold (cells see it as a ``TypeError``)."""
 
 

@@ -23,6 +23,8 @@ from RestrictedPython.transformer import (
     copy_locations,
 )
 
+from agentrt.errors import AgentrtError
+
 from .doors import open_doors
 
 SANDBOX_MODULE_NAME = "__sandbox__"
@@ -34,7 +36,7 @@ MISSING: Any = object()
 
 # --------------------------------------------------------------------------- compile
 
-class SandboxSyntaxError(Exception):
+class SandboxSyntaxError(AgentrtError):
     """A cell failed to parse or was refused by the restricted compiler."""
 
     def __init__(self, message: str, lineno: int | None) -> None:
