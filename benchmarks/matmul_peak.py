@@ -3,16 +3,16 @@
 ``python -m benchmarks.matmul_peak [--model smollm2-135m | --synthetic] [--rows 512,2048,8192]
 [--threads 2] [--repeats 3] [--json PATH]``
 
-For each matrix one layer multiplies in a prefill (the fused qkv, the output projection, the fused
-gate/up and down projections; weights ``[N, K]``) and each row count, every GEMM path this
+For each matrix one layer multiplies in a prefill (the fused qkv, the output projection, the
+fused gate/up and down projections; weights ``[N, K]``) and each row count, every GEMM path this
 process can run is timed on the same activations, calls interleaved so that the machine's load
 hits every path alike, best of ``--repeats``: torch float32 (MKL), torch bfloat16 (oneDNN; bf16
-activations and output), and the project's kernels (`CpuOps`): the bf16-weight kernel (the exact
-path), and the int8 kernel against the GGUF
-blocks (AVX2 and AVX512-VNNI). Each figure is ``2 M N K / seconds`` in GFLOP/s (the int8 kernel's
-integer operations counted the same way, its activation quantisation included); the best path
-per shape is the machine's measured peak there. Which instruction set MKL and oneDNN run is read
-from their verbose output.
+activations and output), and the project's kernels (`CpuOps`): the exact bf16-weight kernel on
+AVX2 and on AVX512F (the same bits), its bf16-activation twin on AVX512-BF16
+(``precision="bf16"``) and the int8 kernel against the GGUF blocks (AVX2 and AVX512-VNNI). Each
+figure is ``2 M N K / seconds`` in GFLOP/s (the int8 kernel's integer operations counted the
+same way, its activation quantisation included); the best path per shape is the machine's
+measured peak there. Which instruction set MKL and oneDNN run is read from their verbose output.
 """
 
 from __future__ import annotations
@@ -88,7 +88,15 @@ def paths(ops, shape: Shape) -> dict[str, Runner]:
     }
     if ops is None:
         return found
-    found["kernel-bf16"] = lambda x: ops.linear(x, shape.dense)
+
+    def exact(x: Tensor) -> Tensor:
+        return ops.linear(x, shape.dense)
+
+    found["kernel-bf16-avx2"] = _with(ops.use_bf16_avx512, 0, exact)
+    if ops.paths.exact == "avx512":
+        found["kernel-bf16-avx512"] = _with(ops.use_bf16_avx512, 1, exact)
+    if ops.paths.bf16:
+        found["kernel-bf16dot"] = lambda x: ops.bf16_dot_linear(x, shape.dense)
     if shape.int8 is not None:
         found["kernel-int8-avx2"] = _with(ops.use_vnni, False, lambda x: ops.int8_linear(x, shape.int8))
         if ops.use_vnni(True):
@@ -98,7 +106,7 @@ def paths(ops, shape: Shape) -> dict[str, Runner]:
 
 
 def _with(switch: Callable, value, run: Runner) -> Runner:
-    """``run`` with a kernel switch (`CpuOps.use_vnni`) set first."""
+    """``run`` with a kernel switch (`CpuOps.use_vnni`, `CpuOps.use_bf16_avx512`) set first."""
     def call(x: Tensor):
         switch(value)
         return run(x)
@@ -222,13 +230,12 @@ def main(argv: list[str] | None = None) -> int:
         shapes = model_shapes(model)
     header = {"threads": args.threads, "repeats": args.repeats, "load_before": load_average()}
     isas = library_isas()
-    vnni = ops.use_vnni() if ops else None
     try:
         with torch.inference_mode():
             records = run(shapes, ops, [int(r) for r in args.rows.split(",")], args.repeats)
     finally:
         if ops is not None:
-            ops.use_vnni(vnni)
+            ops.use_paths(ops.paths)
     header["load_after"] = load_average()
     print(markdown(records, isas, header))
     if args.json:
