@@ -148,10 +148,11 @@ class EngineSystem:
     def info(self) -> dict | None:
         """The native engine's precision and matmul paths (None for other engines)."""
         model = getattr(self.engine, "model", None)
-        ops = getattr(model, "ops", None)
-        if model is None:
+        precision = getattr(model, "precision", None)  # other engines' .model is a name
+        if precision is None:
             return None
-        return {"precision": model.precision,
+        ops = getattr(model, "ops", None)
+        return {"precision": precision,
                 "gemm_paths": ops.paths.describe() if ops is not None else "torch ops"}
 
     def close(self) -> None:
