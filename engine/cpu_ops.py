@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from .gemm_paths import CpuFeatures, GemmPaths
+
 if TYPE_CHECKING:
     from .packed import InterleavedMatrix, PackedMatrix
 
@@ -72,9 +74,11 @@ _GCC_FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-pthread
 _PACKED_KINDS = {"q4_1": 0, "q8_0": 1}
 CACHE_DTYPE = torch.float16
 """What the kernels store keys and values as: half the bytes attention streams per step."""
-_SOURCES = ("matmul.c", "norms.c", "kv_cache.c", "attention.c", "layers.c", "int8_ops.c", "team.c")
+_SOURCES = ("matmul.c", "matmul512.c", "bf16_dot.c", "norms.c", "kv_cache.c", "attention.c",
+            "layers.c", "int8_ops.c", "team.c")
 """The C units under ``engine/csrc/`` built into the one library: the bf16 and GGUF-block float
-matmuls, RMSNorm and the SiLU gate, RoPE + KV-cache store, paged attention, the fused layer
+matmuls (and the bf16 one's many-row path on AVX512F, and its bf16-activation twin on
+AVX512-BF16), RMSNorm and the SiLU gate, RoPE + KV-cache store, paged attention, the fused layer
 step, the int8 matmuls and the worker team. The headers beside them (``*.h``) go with them."""
 
 
@@ -96,17 +100,36 @@ class CpuOps:
         self._int8_linear = self._fn(lib.int8_linear, [ptr, ptr, i32, ptr, ptr, i64, i64, i64, i32])
         self._decode_layers_paged = self._fn(lib.decode_layers_paged,
                                              [ptr, i64, ptr, i64, ptr, i64, i64, i64, i64, i64, i64,
-                                              i64, ptr, f32, f32, i32, i32])
+                                              i64, ptr, f32, f32, i32, i32, i32])
+        self._bf16_dot_linear = self._fn(lib.bf16_dot_linear, [ptr, ptr, ptr, ptr, i64, i64, i64, i32])
+        self._bf16_dot = self._fn(lib.bf16_dot_supported, [])
+        self._bf16_dot.restype = i32
         self._vnni = self._fn(lib.int8_vnni, [i32])
         self._vnni.restype = i32
-        vnni = self.use_vnni(os.environ.get("AGENTRT_INT8_VNNI", "1") != "0")
-        log.info("CPU kernels loaded; int8 matmuls on %s", "AVX512-VNNI" if vnni else "AVX2")
+        self._avx512 = self._fn(lib.bf16_avx512, [i32])
+        self._avx512.restype = i32
+        self.paths = self.use_paths(GemmPaths.choose(CpuFeatures.detect()))
+        """The matmul paths in use (`GemmPaths`), chosen from what the CPU has."""
+        log.info("CPU kernels loaded; %s", self.paths.describe())
+
+    def use_paths(self, paths: GemmPaths) -> GemmPaths:
+        """Run the matmuls on ``paths`` from now on (a path the CPU lacks falls back to AVX2);
+        returns, and keeps as `paths`, what runs. Not to be called during a forward."""
+        self.paths = paths.apply(self)
+        return self.paths
 
     def use_vnni(self, enabled: bool | None = None) -> bool:
         """Whether `int8_linear` and the int8 step run the AVX512-VNNI kernels (where the CPU
-        has them; ``AGENTRT_INT8_VNNI=0`` starts with the AVX2 ones): set when ``enabled`` is
-        given, then returned. Both give the same bits; not to be switched during a matmul."""
+        has them; see `GemmPaths` for the start-up choice): set when ``enabled`` is given, then
+        returned. Both give the same bits; not to be switched during a matmul."""
         return bool(self._vnni(-1 if enabled is None else int(enabled)))
+
+    def use_bf16_avx512(self, min_rows: int | None = None) -> int:
+        """From how many activation rows on `linear` (and the exact step's matmuls) run the
+        AVX512F tiles where the CPU has them, instead of the AVX2 ones (0: never): set when
+        ``min_rows`` is given, then returned. Both give the same bits; not to be switched
+        during a matmul."""
+        return int(self._avx512(-1 if min_rows is None else max(0, int(min_rows))))
 
     @staticmethod
     def _fn(fn, argtypes):
@@ -120,6 +143,20 @@ class CpuOps:
                      None if residual is None else residual.data_ptr(),
                      x.shape[0], w.shape[0], x.shape[1], torch.get_num_threads())
         return y
+
+    def bf16_dot_linear(self, x: Tensor, w: Tensor, residual: Tensor | None = None) -> Tensor:
+        """``bf16(x[M, K]) @ w[N, K]^T (+ residual)``: x rounded to bfloat16, float32 sums of
+        the bf16 products (AVX512-BF16; ``precision="bf16"``'s arithmetic, see
+        ``csrc/bf16_dot.c``); where the CPU lacks it, `linear`'s float32 product instead."""
+        y = torch.empty(x.shape[0], w.shape[0])
+        self._bf16_dot_linear(x.data_ptr(), w.data_ptr(), y.data_ptr(),
+                              None if residual is None else residual.data_ptr(),
+                              x.shape[0], w.shape[0], x.shape[1], torch.get_num_threads())
+        return y
+
+    def bf16_dot_supported(self) -> bool:
+        """Whether this CPU runs `bf16_dot_linear` (AVX512F, AVX512BW, AVX512-BF16)."""
+        return bool(self._bf16_dot())
 
     def packed_linear(self, x: Tensor, w: "PackedMatrix", round_bf16: bool,
                       residual: Tensor | None = None) -> Tensor:
@@ -193,13 +230,15 @@ class CpuOps:
 
     def decode_layers_paged(self, x: Tensor, seqs: ctypes.Array, plan: ctypes.Array,
                             shape: LayerShape, block_size: int, rope: Tensor,
-                            packed_max_rows: int) -> None:
+                            packed_max_rows: int, bf16_rows: int = 0) -> None:
         """Run ``x[n, hidden]`` (float32, contiguous; every sequence's rows, updated in place)
         through every layer of ``plan`` (built over block pools): RMSNorm, qkv (+ bias), RoPE +
         cache store, attention, output projection, RMSNorm, SiLU-gated MLP, both residuals.
         The matmuls see all rows at once; RoPE and attention go per sequence. One row of one
         sequence (plain decoding) runs all layers in one parallel region, each thread taking a
-        share of every matmul and of the heads, with the same kernels per output (same bits)."""
+        share of every matmul and of the heads, with the same kernels per output (same bits).
+        ``bf16_rows`` > 0: a step of at least that many rows multiplies the dense matrices with
+        bf16 activations (`bf16_dot_linear`), where `paths` has the bf16 path."""
         if x.dim() != 2 or not x.is_contiguous() or x.dtype != torch.float32 or x.shape[0] < 1:
             raise ValueError(f"decode_layers_paged needs contiguous float32 rows, got "
                              f"{x.dtype} {tuple(x.shape)}")
@@ -208,7 +247,7 @@ class CpuOps:
                                   shape.intermediate, shape.heads, shape.kv_heads, shape.head_dim,
                                   block_size, rope.data_ptr(), shape.eps,
                                   1.0 / math.sqrt(shape.head_dim), packed_max_rows,
-                                  torch.get_num_threads())
+                                  bf16_rows if self.paths.bf16 else 0, torch.get_num_threads())
 
 
 def _check_cache(*caches: Tensor) -> None:

@@ -37,6 +37,7 @@ from torch import Tensor, nn
 
 from . import packed as packed_weights
 from .cpu_ops import CACHE_DTYPE, CpuOps, LayerShape, cpu_ops
+from .gemm_paths import BF16_MIN_ROWS
 from .kv_cache import DEFAULT_BLOCK_SIZE, KVPool
 from .native_config import PRECISIONS
 from .packed import InterleavedMatrix, PackedMatrix
@@ -197,13 +198,16 @@ class Matmul:
 
 def kernel_linear(ops: CpuOps, x: Tensor, dense: Tensor, packed: PackedMatrix | None,
                   int8: InterleavedMatrix | None, packed_max_rows: int,
-                  residual: Tensor | None = None) -> Tensor:
+                  residual: Tensor | None = None, bf16_rows: int = 0) -> Tensor:
     """``x @ W^T (+ residual)`` with the row-independent CPU kernels only, as ``matrix_apply``
     does it in C: the int8 kernel where ``int8`` blocks are given (``"int8"`` precision), else
-    the GGUF blocks for up to ``packed_max_rows`` rows, else the bf16 kernel, whatever the
-    number of rows (no float32 GEMM, whose row results may depend on the batch)."""
+    bf16 activations from ``bf16_rows`` rows on (``"bf16"`` precision; 0: never), else the GGUF
+    blocks for up to ``packed_max_rows`` rows, else the bf16 kernel, whatever the number of
+    rows (no float32 GEMM, whose row results may depend on the batch)."""
     if int8 is not None:
         return ops.int8_linear(x, int8, residual)
+    if bf16_rows and x.shape[0] >= bf16_rows and ops.paths.bf16:
+        return ops.bf16_dot_linear(x, dense, residual)
     if packed is not None and x.shape[0] <= packed_max_rows:
         return ops.packed_linear(x, packed, True, residual)
     return ops.linear(x, dense, residual)
@@ -316,9 +320,10 @@ class Transformer(nn.Module):
     """A Llama-family causal LM over a paged KV cache (see the module docstring).
 
     ``compute_dtype`` (default: float32 on CPU, else the weight dtype) is the dtype of
-    activations. ``cpu_kernel=False`` disables the AVX2 kernels. ``precision`` (see
+    activations. ``cpu_kernel=False`` disables the CPU kernels. ``precision`` (see
     `PRECISIONS`): ``"int8"`` takes effect for the matrices that have GGUF blocks
-    (`use_packed`) on the CPU kernels; elsewhere the model computes exactly. ``max_seq_len``
+    (`use_packed`) on the CPU kernels, ``"bf16"`` for steps of `bf16_rows` rows or more on CPU
+    kernels with the bf16 path; elsewhere the model computes exactly. ``max_seq_len``
     bounds the positions a sequence may reach. ``share``: build the first
     ``cfg.num_layers`` layers and the head of that model instead of new weights (see
     `truncated`).
@@ -379,7 +384,8 @@ class Transformer(nn.Module):
                         precision: str = "exact") -> "Transformer":
         """Load ``config.json`` + ``*.safetensors`` from a Hugging Face model directory
         (``precision``: see `PRECISIONS`; ``"int8"`` needs the GGUF blocks that `models.pull`
-        keeps, and logs a warning and computes exactly without them)."""
+        keeps, ``"bf16"`` a CPU with AVX512-BF16: without them it logs a warning and computes
+        exactly)."""
         from safetensors import safe_open
 
         path = Path(path)
@@ -403,6 +409,9 @@ class Transformer(nn.Module):
         if precision == "int8" and not used:
             log.warning("precision='int8' needs GGUF blocks and the CPU kernels (none for %s); "
                         "computing exactly", path)
+        if precision == "bf16" and not model.bf16_rows:
+            log.warning("precision='bf16' needs the CPU kernels and AVX512-BF16 (%s); computing "
+                        "exactly", "off" if model.ops is None else model.ops.paths.describe())
         return model.eval()
 
     def choose_packed_rows(self, context: int = 256, repeats: int = 5) -> int:
@@ -412,9 +421,9 @@ class Transformer(nn.Module):
         bandwidth per core is high). One-row forwards after ``context`` tokens, the two
         settings interleaved, median of ``repeats``; the logits are the same either way.
         Measured once per process for a model shape and thread count; a no-op without the
-        blocks, the CPU kernels or in int8 precision."""
+        blocks, the CPU kernels or in int8 precision (one-row steps are exact in bf16 precision)."""
         context = min(context, self.max_seq_len - 2)
-        if (self.ops is None or self._precision != "exact" or context < 1
+        if (self.ops is None or self._precision == "int8" or context < 1
                 or not any(layer.packed for layer in self.layers)):
             return self.packed_max_rows
         key = (repr(self.cfg), torch.get_num_threads())
@@ -460,7 +469,7 @@ class Transformer(nn.Module):
 
     @property
     def precision(self) -> str:
-        """``"exact"`` or ``"int8"`` (see `PRECISIONS`); settable between forwards."""
+        """``"exact"``, ``"int8"`` or ``"bf16"`` (see `PRECISIONS`); settable between forwards."""
         return self._precision
 
     @precision.setter
@@ -469,6 +478,14 @@ class Transformer(nn.Module):
             raise ValueError(f"precision must be one of {PRECISIONS}, got {value!r}")
         self._precision = value
         self._set_int8_weights()
+
+    @property
+    def bf16_rows(self) -> int:
+        """From how many rows of a step on the matmuls take bf16 activations: `BF16_MIN_ROWS`
+        in ``"bf16"`` precision where the CPU kernels have the bf16 path, else 0 (never)."""
+        if self._precision != "bf16" or self.ops is None or not self.ops.paths.bf16:
+            return 0
+        return BF16_MIN_ROWS
 
     def _set_int8_weights(self) -> None:
         """In ``"int8"`` precision, every matrix with GGUF blocks also has them interleaved
@@ -633,7 +650,8 @@ class Transformer(nn.Module):
                 if stop > done:
                     self.ops.decode_layers_paged(x, table, _plan_slice(plan, done, stop),
                                                  self.layer_shape(), pool.block_size,
-                                                 self.rope_pairs, self.packed_max_rows)
+                                                 self.rope_pairs, self.packed_max_rows,
+                                                 self.bf16_rows)
                     done = stop
                 if stop < len(self.layers):
                     features.append(x.clone())
@@ -657,7 +675,7 @@ class Transformer(nn.Module):
         if self.ops is not None:
             x = self.ops.rms_norm(x.contiguous(), self.norm, eps)
             return kernel_linear(self.ops, x, self.lm_head, self.packed_head, self.int8_head,
-                                 self.packed_max_rows).float()
+                                 self.packed_max_rows, bf16_rows=self.bf16_rows).float()
         return self.matmul(rms_norm(x, self.norm, eps), self.lm_head).float()
 
     def _plan(self, pool: KVPool):

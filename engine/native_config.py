@@ -27,10 +27,13 @@ precision, GGUF blocks and the CPU kernels needed) and ``hybrid-twin`` (the suff
 the twin)."""
 
 DTYPES = ("bf16", "fp16", "fp32")
-PRECISIONS = ("exact", "int8")
+PRECISIONS = ("exact", "int8", "bf16")
 """``exact``: the checkpoint's weights in float32 arithmetic (bit-identical with or without GGUF
 blocks); ``int8``: matrices kept in GGUF blocks multiply int8-quantised activations
-(`CpuOps.int8_linear`, llama.cpp's arithmetic class), faster and close but not identical."""
+(`CpuOps.int8_linear`, llama.cpp's arithmetic class), faster and close but not identical;
+``bf16``: steps of many rows (prefill chunks, large batches) multiply bfloat16-rounded
+activations on AVX512-BF16 (`CpuOps.bf16_dot_linear`), fewer rows exactly: faster prefill, close
+but not identical."""
 
 _RENAMED = {"speculation": "drafter", "num_speculative_tokens": "draft_tokens",
             "max_speculative_tokens": "max_draft_tokens"}
@@ -55,9 +58,12 @@ class TargetOptions:
     device: str = "cpu"
     """``"cpu"`` or a CUDA device."""
     precision: str = "exact"
-    """``"exact"`` (the checkpoint's arithmetic, bit-identical on every path) or ``"int8"``
+    """``"exact"`` (the checkpoint's arithmetic, bit-identical on every path), ``"int8"``
     (GGUF-block weights times int8-quantised activations on the CPU kernels: faster, logits
-    close to but not equal to exact; greedy drafted == greedy plain holds in both)."""
+    close to but not equal to exact) or ``"bf16"`` (steps of 64 rows or more, i.e. prefill
+    chunks and large batches, with bf16 activations on AVX512-BF16; exact elsewhere and on CPUs
+    without it). Greedy drafted == greedy plain holds whatever the batch in exact and int8; in
+    bf16 for one request at a time only, since a step's size decides its arithmetic."""
     max_seq_len: int = 4096
     """The longest sequence (prompt + output) one request may reach."""
     threads: int | None = None

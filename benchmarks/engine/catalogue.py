@@ -14,9 +14,15 @@ TWIN_SYSTEMS = ("twin", "hybrid-twin")
 set)."""
 INT8_SYSTEMS = ("plain-int8", "suffix-int8", "eagle-int8", "hybrid-int8")
 """Native systems in ``precision="int8"`` (not in any default set)."""
+BF16_SYSTEMS = ("plain-bf16",)
+"""Native systems in ``precision="bf16"`` (bf16 activations in steps of many rows; not in any
+default set)."""
+AVX2_SYSTEMS = ("plain-avx2",)
+"""Native exact systems with every matmul kept on AVX2 (as ``AGENTRT_GEMM_ISA=avx2``: the same
+bits, the speed of a CPU without AVX512; not in any default set)."""
 LLAMACPP_SYSTEMS = ("llamacpp",)
-ALL_SYSTEMS = (*NATIVE_SYSTEMS, *HEAD_SYSTEMS, *TWIN_SYSTEMS, *INT8_SYSTEMS, *VLLM_SYSTEMS,
-               *LLAMACPP_SYSTEMS, "openai")
+ALL_SYSTEMS = (*NATIVE_SYSTEMS, *HEAD_SYSTEMS, *TWIN_SYSTEMS, *INT8_SYSTEMS, *BF16_SYSTEMS,
+               *AVX2_SYSTEMS, *VLLM_SYSTEMS, *LLAMACPP_SYSTEMS, "openai")
 DEFAULT_SYSTEMS = {
     "native": NATIVE_SYSTEMS,
     "vllm": ("plain", "vllm", "vllm-spec"),
@@ -37,6 +43,9 @@ DESCRIPTIONS = {
     "vllm-spec": "vLLM AsyncLLM in process, eager, speculative_config",
     "openai": "OpenAIEngine (chat API)",
     "plain-int8": "native, no drafter, precision='int8' (int8 activations x GGUF blocks)",
+    "plain-bf16": ("native, no drafter, precision='bf16' (bf16 activations on AVX512-BF16 in "
+                   "steps of 64+ rows)"),
+    "plain-avx2": "native, no drafter, exact, matmuls on AVX2 only (AGENTRT_GEMM_ISA=avx2)",
     "suffix-int8": "native + suffix automaton, precision='int8'",
     "eagle": "native + learned draft head (agentrt draft train)",
     "hybrid": "native + suffix lookup or learned head per step (expected tokens per second)",

@@ -31,8 +31,9 @@ over the fastest anchor run and its fastest over the slowest, which hold whateve
   ``speculative_config`` = ``--drafter-config``, by default n-gram with k=4); needs vLLM importable
   (on CPU: the .venv-vllm virtualenv from ``bash .ci/vllm-venv.sh``);
 - systems in no default set: ``plain-int8`` and ``suffix-int8`` (native with
-  ``precision="int8"``) and ``llamacpp`` (llama-cpp-python, ``pip install llama-cpp-python``,
-  on the GGUF file the model was pulled from, or ``--gguf``; skipped with a note when
+  ``precision="int8"``), ``plain-bf16`` (``precision="bf16"``), ``plain-avx2`` (exact, matmuls
+  kept on AVX2) and ``llamacpp`` (llama-cpp-python, ``pip install llama-cpp-python``, on the
+  GGUF file the model was pulled from, or ``--gguf``; skipped with a note when
   ``llama_cpp`` is not importable), e.g. ``--systems plain,plain-int8,llamacpp --threads 2``;
 - ``openai``: ``openai``, an `OpenAIEngine` at ``--base-url`` asking for ``--served-model``
   (default: the first id of ``GET /v1/models``); the server decides its own speculation, whose
@@ -47,6 +48,12 @@ system (``ngram``, ``suffix``), the tables also show that drafter's ceiling on p
 tau and speedup perfect k would reach at this machine's step costs (`benchmarks.ceiling`), measured
 in plain's process. Prompt sets live in ``benchmarks/prompts/*.jsonl``. Results go to
 ``benchmarks/results/engine-<time>.{json,md}``.
+Each run records what its system says of its build: llama.cpp's version and the CPU features it
+was built with and uses (``llama_print_system_info``), the native engine's precision and matmul
+paths (`GemmPaths`); the report lists them.
+``--prefill 512,2048,8190`` measures prefill alone at those prompt lengths, next to the machine's
+matmul peak (``benchmarks/engine/prefill.py``), e.g. ``--systems plain,plain-avx2,plain-bf16,
+plain-int8,llamacpp``.
 ``--synthetic`` measures only the model's forward speed on random weights of the same shape (for
 machines without the pulled model).
 """
@@ -62,7 +69,7 @@ from dataclasses import asdict
 
 import torch
 
-from . import concurrency
+from . import prefill
 from .anchor import AnchorCheck
 from .catalogue import ALL_SYSTEMS, DEFAULT_ANCHOR_TOLERANCE, ENGINES, LOOKUP_SYSTEMS
 from .ceilings import lookup_ceilings
@@ -116,6 +123,14 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, argparse.Arg
                         help="with --concurrency: e.g. off,128: each native system once per value "
                              "of the engine's step_token_budget ('off': none)")
     parser.add_argument("--worker-no-prefix-scenarios", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--prefill", default=None,
+                        help="e.g. 512,2048,8190: prefill speed at these prompt lengths, next to "
+                             "the matmul peak (benchmarks/engine/prefill.py)")
+    parser.add_argument("--prefill-repeats", type=int, default=2,
+                        help="with --prefill: prompts per length in each run (the best counts)")
+    parser.add_argument("--max-seq-len", type=int, default=None,
+                        help="context of the native systems and llama.cpp (default 4096; with "
+                             "--prefill at least the longest prompt)")
     return parser.parse_args(argv), parser
 
 
@@ -152,11 +167,27 @@ def main(argv: list[str] | None = None) -> int:
         else:
             path = models.resolve(args.model, args.dtype)
     if args.concurrency:
+        # imported here: it needs agentrt.demo (pydantic), the other benchmarks do not
+        from . import concurrency
+
         return concurrency.run(args, plan.systems, plan.sets, engine_factory(plan, args, path),
                                prefix_scenarios=not args.worker_no_prefix_scenarios)
-    prompts = load_prompts(plan.sets, args.limit)
+    if args.prefill:
+        try:
+            sizes = prefill.lengths(args.prefill)
+        except ValueError as exc:
+            parser.error(str(exc))
+        from agentrt.engine.tokenizer import ChatTokenizer
+
+        args.max_seq_len = max(args.max_seq_len or 0, max(sizes) + 2)
+        args.max_tokens = 1
+        prompts = prefill.prompts(ChatTokenizer(path), sizes, args.prefill_repeats)
+    else:
+        prompts = load_prompts(plan.sets, args.limit)
     if args.worker_out:
         return worker(args, plan, path, prompts)
+    if args.prefill:
+        return run_prefill(args, argv, plan, path, prompts, sizes)
 
     def run_here(system: str, index: int) -> Run:
         return run_one(system, index, plan, args, path, prompts)
@@ -170,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     rows = [row for run in runs for row in run.rows]
     ceiling = next((run.ceiling for run in runs if run.ceiling), None)
+    infos = {run.system: run.info for run in runs if run.info}
     ceilings = lookup_ceilings(ceiling, prompts, rows, plan.systems)
     anchor = AnchorCheck.of(runs, args.anchor_tolerance) if len(plan.systems) > 1 else None
 
@@ -187,7 +219,8 @@ def main(argv: list[str] | None = None) -> int:
             "anchor": anchor.describe() if anchor else None,
             "anchor_ok": anchor.ok if anchor else None,
             "anchor_bounds": anchor.bounds(runs) if anchor else None,
-            "anchor_prefill_bounds": anchor.prefill_bounds(runs) if anchor else None}
+            "anchor_prefill_bounds": anchor.prefill_bounds(runs) if anchor else None,
+            "system_info": infos}
     if any(s in VLLM_SYSTEMS for s in plan.systems):
         import vllm
 
@@ -200,6 +233,40 @@ def main(argv: list[str] | None = None) -> int:
     print(md)
     write_results({"meta": meta, "summary": summary, "rows": [asdict(r) for r in rows]}, md, args.out)
     return 0
+
+
+def run_prefill(args, argv: list[str], plan, path, prompts, sizes: list[int]) -> int:
+    """The parent side of ``--prefill``: the matmul peak, then every system in its own process
+    (the llama.cpp anchor around the passes), then the tables (`benchmarks.engine.prefill`)."""
+    from agentrt.engine.llama import LlamaConfig
+
+    load_before = prefill_load()
+    peak = prefill.matmul_peak(args.threads)
+    order = schedule(plan.systems, args.repeats)
+    try:
+        runs = run_isolated(argv, order, None, lambda system, index: None)
+    except BenchSetupError as exc:
+        print(f"engine bench: {exc}", file=sys.stderr)
+        return 1
+    gflops = prefill.layer_gflops(peak)
+    summary = prefill.summarise(runs, sizes, LlamaConfig.from_dir(path), gflops,
+                                args.anchor_tolerance)
+    meta = {"time": time.strftime("%Y-%m-%d %H:%M:%S"), "model": args.model, "dtype": args.dtype,
+            "threads": torch.get_num_threads(), "systems": plan.systems, "lengths": sizes,
+            "prefill_repeats": args.prefill_repeats, "repeats": args.repeats,
+            "load_before": load_before, "load_after": prefill_load(), "isas": peak["isas"],
+            "gemm_gflops": gflops, "anchor_tolerance": args.anchor_tolerance,
+            "runs": [{"system": r.system, "pid": r.pid} for r in runs],
+            "system_info": {r.system: r.info for r in runs if r.info}}
+    md = prefill.markdown(summary, meta)
+    print(md)
+    write_results({"meta": meta, "summary": summary, "peak": peak,
+                   "rows": [asdict(row) for run in runs for row in run.rows]}, md, args.out)
+    return 0
+
+
+def prefill_load() -> str:
+    return " ".join(f"{v:.2f}" for v in os.getloadavg())
 
 
 if __name__ == "__main__":

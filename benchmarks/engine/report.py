@@ -27,6 +27,9 @@ def markdown(summary: dict, meta: dict) -> str:
             f"{r['system']} ({r['decode_tok_s']:.1f} tok/s)" for r in meta["runs"]) + ".", ""]
     if meta.get("anchor"):
         lines += [f"Anchor: {meta['anchor']}.", ""]
+    lines += [f"- `{system}`: " + "; ".join(f"{k}: {v}" for k, v in info.items())
+              for system, info in meta.get("system_info", {}).items() if info]
+    lines += [""] if meta.get("system_info") else []
     prefill_vs = ["prefill x llama.cpp"] if "llamacpp" in meta["systems"] else []
     header = ["system", "decode tok/s", *(title for _, title in bases), "tau", "accept",
               "ceiling tau", "ceiling x plain", "prefill s", *prefill_vs, f"same as {reference}"]

@@ -34,6 +34,9 @@ class Run:
     rows: list[Row]
     ceiling: dict | None = None
     """What `ceiling_inputs` measured in this run's process, when it was asked to."""
+    info: dict | None = None
+    """What the system says of its build (llama.cpp's version and CPU features, the native
+    engine's matmul paths), when it says anything."""
 
     @property
     def decode_tok_s(self) -> float:
@@ -91,14 +94,15 @@ def run_isolated(argv: list[str], order: list[str], ceiling_from: str | None,
             for row in rows:
                 row.run = index
             runs.append(Run(system, index, payload["pid"], payload["load_s"], rows,
-                            payload.get("ceiling")))
+                            payload.get("ceiling"), payload.get("info")))
     return runs
 
 
 def run_one(system: str, index: int, plan: Plan, args, path: Path | None,
-            prompts: list[tuple[str, dict]], ceiling: bool = False) -> Run:
+            prompts: list[tuple[str, dict]], ceiling: bool = False, fresh: bool = False) -> Run:
     """Load ``system`` in this process, warm it up and run every prompt (``ceiling``: also
-    measure `ceiling_inputs` on it afterwards)."""
+    measure `ceiling_inputs` on it afterwards; ``fresh``: each prompt on a system that forgot
+    the earlier ones, see `run_all`)."""
     loop = asyncio.new_event_loop()
     runners: dict = {}
     try:
@@ -106,34 +110,40 @@ def run_one(system: str, index: int, plan: Plan, args, path: Path | None,
         runners[system] = build_system(system, plan, args, path, loop)
         load_s = time.perf_counter() - t
         print(f"loaded {system} in {load_s:.1f}s (pid {os.getpid()})", file=sys.stderr)
-        rows = run_all(runners, prompts, args.max_tokens)
+        rows = run_all(runners, prompts, args.max_tokens, fresh)
         inputs = ceiling_inputs(runners[system].engine, prompts, plan.sets) if ceiling else None
+        info = runners[system].info() if hasattr(runners[system], "info") else None
     finally:
         close_all(runners, loop)
     for row in rows:
         row.pid, row.run = os.getpid(), index
-    return Run(system, index, os.getpid(), load_s, rows, inputs)
+    return Run(system, index, os.getpid(), load_s, rows, inputs, info)
 
 
 def worker(args, plan: Plan, path: Path | None, prompts: list[tuple[str, dict]]) -> int:
     """The child side of `run_isolated`: run the one system of ``plan`` (`run_one`) and write
     ``{"pid", "load_s", "rows", "ceiling"}`` as JSON to ``--worker-out``."""
     (system,) = plan.systems
-    run = run_one(system, 0, plan, args, path, prompts, args.worker_ceiling)
+    run = run_one(system, 0, plan, args, path, prompts, args.worker_ceiling,
+                  fresh=bool(getattr(args, "prefill", None)))
     payload = {"pid": run.pid, "load_s": run.load_s, "rows": [asdict(r) for r in run.rows],
-               "ceiling": run.ceiling}
+               "ceiling": run.ceiling, "info": run.info}
     Path(args.worker_out).write_text(json.dumps(payload))
     return 0
 
 
-def run_all(runners: dict, prompts: list[tuple[str, dict]], max_tokens: int) -> list[Row]:
-    """One warm-up per system, then every prompt on every system, interleaved."""
+def run_all(runners: dict, prompts: list[tuple[str, dict]], max_tokens: int,
+            fresh: bool = False) -> list[Row]:
+    """One warm-up per system, then every prompt on every system, interleaved (``fresh``: each
+    runner forgets the earlier prompts first, its ``forget()``: no prefix is reused)."""
     warm = [{"role": "user", "content": "Say hello."}]
     for runner in runners.values():
         runner.run(warm, 8)
     rows: list[Row] = []
     for i, (prompt_set, prompt) in enumerate(prompts):
         for system, runner in runners.items():
+            if fresh and hasattr(runner, "forget"):
+                runner.forget()
             row = runner.run(prompt["messages"], max_tokens)
             row.system, row.prompt_set, row.prompt_id = system, prompt_set, prompt["id"]
             rows.append(row)

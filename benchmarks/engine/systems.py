@@ -14,7 +14,8 @@ from typing import Any
 
 import torch
 
-from .catalogue import HEAD_SYSTEMS, INT8_SYSTEMS, LLAMACPP_SYSTEMS, TWIN_SYSTEMS
+from .catalogue import (AVX2_SYSTEMS, BF16_SYSTEMS, HEAD_SYSTEMS, INT8_SYSTEMS, LLAMACPP_SYSTEMS,
+                        TWIN_SYSTEMS)
 from .common import VLLM_SYSTEMS
 from .plan import Plan
 
@@ -138,6 +139,22 @@ class EngineSystem:
                    m.verify_steps if m else 0, m.draft_tokens if m else 0,
                    m.accepted_tokens if m else 0, text="".join(parts), token_ids=ids)
 
+    def forget(self) -> None:
+        """Drop what earlier prompts left (the native engine's prefix cache and drafter state)."""
+        reset = getattr(self.engine, "reset", None)
+        if reset is not None:
+            reset()
+
+    def info(self) -> dict | None:
+        """The native engine's precision and matmul paths (None for other engines)."""
+        model = getattr(self.engine, "model", None)
+        precision = getattr(model, "precision", None)  # other engines' .model is a name
+        if precision is None:
+            return None
+        ops = getattr(model, "ops", None)
+        return {"precision": precision,
+                "gemm_paths": ops.paths.describe() if ops is not None else "torch ops"}
+
     def close(self) -> None:
         """Release the engine (its worker thread, engine process or HTTP connections)."""
         self.loop.run_until_complete(self.engine.aclose())
@@ -172,7 +189,7 @@ def build_system(system: str, plan: Plan, args, path: Path | None,
         options.update(extra or {})
         engine = NativeEngine(model=str(path), dtype=args.dtype, device=args.device,
                               drafter=None if system == "plain" else system,
-                              threads=args.threads, **{"max_seq_len": 4096, **options})
+                              threads=args.threads, **{"max_seq_len": max_seq_len(args), **options})
         return EngineSystem(engine, loop)
     if system in VLLM_SYSTEMS:
         from agentrt.engine.vllm_engine import VLLMEngine
@@ -180,7 +197,7 @@ def build_system(system: str, plan: Plan, args, path: Path | None,
         spec = plan.vllm_spec_config if system == "vllm-spec" else None
         engine = VLLMEngine(str(path), dtype=args.dtype, max_model_len=4096, speculative_config=spec)
         return EngineSystem(engine, loop)
-    if system in INT8_SYSTEMS or system in LLAMACPP_SYSTEMS:
+    if system in (*INT8_SYSTEMS, *BF16_SYSTEMS, *AVX2_SYSTEMS, *LLAMACPP_SYSTEMS):
         return build_single_stream_system(system, plan, args, path, loop)
     if system == "openai":
         from agentrt.engine.openai_engine import OpenAIEngine
@@ -205,6 +222,19 @@ class LlamaCppSystem:
         self.llm = Llama(model_path=str(gguf), n_ctx=n_ctx, n_threads=threads,
                          n_threads_batch=threads, verbose=False)
         self.stop_ids = set(self.tokenizer.eos_token_ids) | {self.llm.token_eos()}
+
+    def forget(self) -> None:
+        """Drop the evaluated tokens, so that the next prompt reuses none of them."""
+        self.llm.reset()
+
+    @staticmethod
+    def info() -> dict:
+        """Which llama.cpp build runs: the llama-cpp-python version and the CPU features
+        llama.cpp was built with and uses (`llama_print_system_info`)."""
+        import llama_cpp
+
+        return {"llama_cpp_python": llama_cpp.__version__,
+                "system_info": llama_cpp.llama_print_system_info().decode().strip()}
 
     def run(self, messages: list[dict], max_tokens: int) -> Row:
         ids = self.tokenizer.encode_chat(messages)
@@ -231,21 +261,33 @@ class LlamaCppSystem:
 
 def build_single_stream_system(system: str, plan: Plan, args, path: Path,
                                loop: asyncio.AbstractEventLoop):
-    """``plain-int8`` / ``suffix-int8`` (native, ``precision="int8"``) or ``llamacpp`` (on
+    """``plain-int8`` / ``suffix-int8`` / ... (native, ``precision="int8"``), ``plain-bf16``
+    (``precision="bf16"``), ``plain-avx2`` (exact, matmuls capped at AVX2) or ``llamacpp`` (on
     ``--gguf``, else the GGUF `models.gguf_file` keeps for ``--model``)."""
-    if system in INT8_SYSTEMS:
+    if system in (*INT8_SYSTEMS, *BF16_SYSTEMS, *AVX2_SYSTEMS):
         from agentrt.engine import NativeEngine
+        from agentrt.engine.gemm_paths import CpuFeatures, GemmPaths
 
-        drafter = None if system == "plain-int8" else system.removesuffix("-int8")
+        suffix = system.rpartition("-")[2]
+        drafter = None if system.startswith("plain-") else system.removesuffix(f"-{suffix}")
         options = {} if drafter is None else plan.native_options
         engine = NativeEngine(model=str(path), dtype=args.dtype, device=args.device,
-                              drafter=drafter, threads=args.threads, precision="int8",
-                              **{"max_seq_len": 4096, **options})
+                              drafter=drafter, threads=args.threads,
+                              precision="exact" if system in AVX2_SYSTEMS else suffix,
+                              **{"max_seq_len": max_seq_len(args), **options})
+        if system in AVX2_SYSTEMS and engine.model.ops is not None:
+            cap = {"AGENTRT_GEMM_ISA": "avx2"}
+            engine.model.ops.use_paths(GemmPaths.choose(CpuFeatures.detect(), cap))
         return EngineSystem(engine, loop)
     from agentrt.engine import models
 
     gguf = Path(args.gguf) if args.gguf else models.gguf_file(args.model)
-    return LlamaCppSystem(gguf, path, args.threads)
+    return LlamaCppSystem(gguf, path, args.threads, n_ctx=max_seq_len(args))
+
+
+def max_seq_len(args) -> int:
+    """The context the native systems and llama.cpp are given (``--max-seq-len``, 4096)."""
+    return getattr(args, "max_seq_len", None) or 4096
 
 
 def engine_factory(plan: Plan, args, path: Path | None):

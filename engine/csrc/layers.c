@@ -4,17 +4,22 @@
 
 #include "layers.h"
 #include "attention.h"
+#include "bf16_dot.h"
 #include "int8_ops.h"
 #include "matmul.h"
 #include "norms.h"
 #include "team.h"
 
 /* y = x . W^T (+ residual) as `kernel_linear` does it: the blocks with int8 activations when the
-   matrix asks for them, else the blocks for up to packed_max rows, else the bf16 weights. */
+   matrix asks for them, else the blocks for up to packed_max rows, else the bf16 weights: from
+   bf16_rows rows on (0: never) with bf16 activations (bf16_dot.c), else in float32. */
 static void matrix_apply(const Matrix *m, const float *x, float *y, const float *residual,
-                         int64_t M, int64_t N, int64_t K, int packed_max, int threads) {
+                         int64_t M, int64_t N, int64_t K, int packed_max, int bf16_rows,
+                         int threads) {
     if (m->int8)
         int8_linear(x, m->int8, m->kind, y, residual, M, N, K, threads);
+    else if (bf16_rows && M >= bf16_rows)
+        bf16_dot_linear(x, m->dense, y, residual, M, N, K, threads);
     else if (m->packed && M <= packed_max)
         packed_linear(x, m->packed, m->kind, 1, y, residual, M, N, K, threads);
     else
@@ -137,7 +142,7 @@ static void decode_one_row(float *x, const Seq *sq, const Layer *layers, int64_t
 void decode_layers_paged(float *x, int64_t n, const Seq *seqs, int64_t S, const Layer *layers,
                          int64_t L, int64_t E, int64_t I, int64_t H, int64_t KV, int64_t D,
                          int64_t BS, const float *rope, float eps, float scale, int packed_max,
-                         int threads) {
+                         int bf16_rows, int threads) {
     if (n == 1 && S == 1) {
         decode_one_row(x, seqs, layers, L, E, I, H, KV, D, BS, rope, eps, scale, packed_max,
                        threads);
@@ -153,16 +158,16 @@ void decode_layers_paged(float *x, int64_t n, const Seq *seqs, int64_t S, const 
     for (int64_t l = 0; l < L; l++) {
         const Layer *w = layers + l;
         rms_norm(x, w->attn_norm, h, n, E, eps);
-        matrix_apply(&w->qkv, h, qkv, NULL, n, Q, E, packed_max, threads);
+        matrix_apply(&w->qkv, h, qkv, NULL, n, Q, E, packed_max, bf16_rows, threads);
         if (w->bqkv)
             for (int64_t i = 0; i < n * Q; i++) qkv[i] += w->bqkv[i % Q];
         rope_store_paged(qkv, rope, seqs, S, H, KV, D, w->k_cache, w->v_cache, BS);
         attend_paged(qkv, Q, w->k_cache, w->v_cache, att, seqs, S, H, KV, D, BS, scale, threads);
-        matrix_apply(&w->o, att, mid, x, n, E, H * D, packed_max, threads);
+        matrix_apply(&w->o, att, mid, x, n, E, H * D, packed_max, bf16_rows, threads);
         rms_norm(mid, w->mlp_norm, h, n, E, eps);
-        matrix_apply(&w->gate_up, h, gu, NULL, n, 2 * I, E, packed_max, threads);
+        matrix_apply(&w->gate_up, h, gu, NULL, n, 2 * I, E, packed_max, bf16_rows, threads);
         silu_mul(gu, act, n, I);
-        matrix_apply(&w->down, act, x, mid, n, E, I, packed_max, threads);
+        matrix_apply(&w->down, act, x, mid, n, E, I, packed_max, bf16_rows, threads);
     }
     free(act); free(gu); free(att); free(qkv); free(mid); free(h);
 }

@@ -27,10 +27,12 @@ typedef struct {
    L layers whose k_cache / v_cache are block pools: RMSNorm, qkv (+ bias), RoPE + cache store,
    attention, output projection, RMSNorm, SiLU-gated MLP, both residuals.
    The matmuls see all n rows at once (the weights stream once for the whole batch); RoPE and
-   attention go per sequence. The same kernels in the same order as the per-op path. */
+   attention go per sequence. The same kernels in the same order as the per-op path. With
+   bf16_rows > 0, a step of at least that many rows multiplies its dense matrices with bf16
+   activations (bf16_dot.h; the caller checks that the CPU has AVX512-BF16). */
 void decode_layers_paged(float *x, int64_t n, const Seq *seqs, int64_t S, const Layer *layers,
                          int64_t L, int64_t E, int64_t I, int64_t H, int64_t KV, int64_t D,
                          int64_t BS, const float *rope, float eps, float scale, int packed_max,
-                         int threads);
+                         int bf16_rows, int threads);
 
 #endif

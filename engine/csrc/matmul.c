@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "matmul.h"
+#include "matmul512.h"
 #include "gguf.h"
 #include "simd.h"
 #include "team.h"
@@ -133,18 +134,29 @@ static void bf16_tiled_job(void *ctx, int t, int T) {
     }
 }
 
+static int avx512_rows = 0;  /* from this many rows on, the AVX512 tiles (0: never) */
+
+int bf16_avx512(int min_rows) {
+    if (min_rows >= 0)
+        avx512_rows = min_rows > 0 && bf16_avx512_supported() ? min_rows : 0;
+    return avx512_rows;
+}
+
 /* y[M, N] = x[M, K] (float32) . w[N, K]^T (bfloat16) (+ residual[M, N] if not NULL), with
    K % 8 == 0. Up to DIRECT_ROWS rows, or up to 12 that fit in 24 KB of L1, each weight row
    streams once past all of them (prefetched ahead for 4+ rows). More rows: each thread takes
    tiles of TILE_ROWS weight rows in order and runs the activation rows over a tile a few at a
-   time (they stay in L1, the tile in L2), two weight rows per pass.
-   Every output is summed in the same order whatever M is, so a row's result never depends on
-   the rows batched with it. */
+   time (they stay in L1, the tile in L2), two weight rows per pass; from bf16_avx512's row
+   count on (a CPU with AVX512F, N % 8 == 0) bf16_linear_avx512 does it, two outputs a register.
+   Every output is summed in the same order whatever M is and on either path, so a row's result
+   never depends on the rows batched with it nor on the instruction set. */
 void bf16_linear(const float *x, const uint16_t *w, float *y, const float *residual,
                  int64_t M, int64_t N, int64_t K, int threads) {
     LinearJob job = {x, w, y, M, N, K, 0, 0};
     if (M <= DIRECT_ROWS || (M <= 12 && 4 * M * K <= 24576))
         team_run(bf16_direct_job, &job, threads);
+    else if (avx512_rows && M >= avx512_rows && N % 8 == 0)
+        bf16_linear_avx512(x, w, y, M, N, K, threads);
     else
         team_run(bf16_tiled_job, &job, threads);
     if (residual)

@@ -69,7 +69,8 @@ def per_op_forward(model: Transformer, tokens: torch.Tensor, seqs: list[SeqRows]
         def linear(inp: torch.Tensor, name: str, residual: torch.Tensor | None = None,
                    layer=layer) -> torch.Tensor:
             return kernel_linear(ops, inp, getattr(layer, name), layer.packed.get(name),
-                                 layer.int8.get(name), model.packed_max_rows, residual)
+                                 layer.int8.get(name), model.packed_max_rows, residual,
+                                 model.bf16_rows)
 
         qkv = linear(ops.rms_norm(x, layer.attn_norm, eps), "wqkv")
         if layer.bqkv is not None:

@@ -203,6 +203,27 @@ def test_int8_greedy_drafted_equals_plain():
         plain.close()
 
 
+def test_bf16_precision_greedy_drafted_equals_plain():
+    """precision="bf16", one request at a time: prompts of 64+ tokens prefill with bf16
+    activations, verify and decode steps (fewer rows) run the exact kernels: greedy drafted
+    output equals greedy plain output token for token. (Under concurrency a step's size, and so
+    its arithmetic, depends on the other requests: not asserted.)"""
+    plain = NativeEngine(dtype="bf16", drafter=None, max_seq_len=2048, precision="bf16")
+    if not plain.model.bf16_rows:
+        plain.close()
+        pytest.skip("no AVX512-BF16 here: bf16 precision runs exactly")
+    engine = NativeEngine(dtype="bf16", drafter="suffix", draft_tokens=6,
+                          max_seq_len=2048, precision="bf16")
+    try:
+        prompts = PROMPTS[3::4]
+        params = SamplingParams(max_tokens=24)
+        assert run_all(engine, prompts, params) == run_all(plain, prompts, params)
+        assert engine.metrics().accepted_tokens > 0, "nothing was accepted: the test proves nothing"
+    finally:
+        engine.close()
+        plain.close()
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1200)  # 24 prompts x 128 tokens in fp32, plus plain's outputs on first use
 @pytest.mark.parametrize("drafter,k", [("ngram", 8), ("suffix", 8), ("draft", 4)])
