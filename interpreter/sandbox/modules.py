@@ -127,14 +127,15 @@ def _safe_update_wrapper(context: SandboxContext, wrapper: Any, wrapped: Any,
             setattr(wrapper, name, value)
     annotations = getattr(wrapped, "__annotations__", None)
     if isinstance(annotations, dict):
+        annotations = dict(annotations)  # a snapshot: a dict subclass's own items() is not called
         check_field_names(list(annotations), "functools.update_wrapper", allowed=("return",))
         wrapper.__annotations__ = {key: admit(value) for key, value in annotations.items()}
     extra = getattr(wrapped, "__dict__", None)
     if isinstance(extra, dict):
-        for name, value in list(extra.items()):
+        for name, value in list(dict.items(extra)):
             if type(name) is str and name.isidentifier() and not name.startswith("_"):
                 setattr(wrapper, name, admit(value))
-    wrapper.__wrapped__ = wrapped
+    wrapper.__wrapped__ = admit(wrapped)  # C code may call this with an object no door saw
     return wrapper
 
 

@@ -937,6 +937,14 @@ try:
     functools.wraps(json.JSONDecoder())(b)
 except TypeError:
     print('refused')
+def k(self):
+    return 1
+def m():
+    pass
+try:  # a cached_property holds an RLock under a public name; C code calls update_wrapper
+    list(map(functools.update_wrapper, [m], [functools.cached_property(k)]))
+except TypeError:
+    print('refused')
 def g():
     pass
 g.tag = [1]
@@ -946,9 +954,9 @@ def h():
 print(h.tag, 'h')
 """)
     assert outcome.error is None, outcome.error
-    assert outcome.stdout.splitlines() == ["refused", "refused", "[1] h"], outcome.stdout
+    assert outcome.stdout.splitlines() == ["refused", "refused", "refused", "[1] h"], outcome.stdout
     admissible = sandbox.context.admission.admissible
-    for holder in (sandbox.namespace["f"], sandbox.namespace["b"]):
+    for holder in (sandbox.namespace["f"], sandbox.namespace["b"], sandbox.namespace["m"]):
         for name, value in vars(holder).items():
             assert admissible(value), (name, value)
     assert violations(sandbox) == []
