@@ -106,11 +106,15 @@ def check_field_names(names: Any, what: str, allowed: tuple[str, ...] = ()) -> N
                             "identifiers that do not start with '_')")
 
 
-def _safe_update_wrapper(provenance: Provenance, wrapper: Any, wrapped: Any,
+def _safe_update_wrapper(context: SandboxContext, wrapper: Any, wrapped: Any,
                          assigned: Any = functools.WRAPPER_ASSIGNMENTS,
                          updated: Any = functools.WRAPPER_UPDATES) -> Any:
     """``functools.update_wrapper`` onto a function or instance defined in the sandbox,
-    copying only strings, public annotations and public attributes."""
+    copying only strings, public annotations and public attributes. Every value it copies is
+    admitted first, as the builtin ``setattr`` admits what it writes: ``wrapped.__dict__`` is
+    whatever object the cell passed (a ``json.JSONDecoder`` holds the module's scanner and
+    inner parser functions under public names), read with no door on the way."""
+    provenance, admit = context.provenance, context.admission.admit
     if (tuple(assigned), tuple(updated)) != (functools.WRAPPER_ASSIGNMENTS,
                                              functools.WRAPPER_UPDATES):
         raise ValueError("custom 'assigned'/'updated' attributes are not supported in the sandbox")
@@ -123,23 +127,24 @@ def _safe_update_wrapper(provenance: Provenance, wrapper: Any, wrapped: Any,
             setattr(wrapper, name, value)
     annotations = getattr(wrapped, "__annotations__", None)
     if isinstance(annotations, dict):
+        annotations = dict(annotations)  # a snapshot: a dict subclass's own items() is not called
         check_field_names(list(annotations), "functools.update_wrapper", allowed=("return",))
-        wrapper.__annotations__ = dict(annotations)
+        wrapper.__annotations__ = {key: admit(value) for key, value in annotations.items()}
     extra = getattr(wrapped, "__dict__", None)
     if isinstance(extra, dict):
-        for name, value in list(extra.items()):
+        for name, value in list(dict.items(extra)):
             if type(name) is str and name.isidentifier() and not name.startswith("_"):
-                setattr(wrapper, name, value)
-    wrapper.__wrapped__ = wrapped
+                setattr(wrapper, name, admit(value))
+    wrapper.__wrapped__ = admit(wrapped)  # C code may call this with an object no door saw
     return wrapper
 
 
-def _wrap_functions(provenance: Provenance) -> Mapping[str, Any]:
+def _wrap_functions(context: SandboxContext) -> Mapping[str, Any]:
     """``functools.update_wrapper`` and ``functools.wraps`` onto sandbox objects only."""
 
     def update_wrapper(wrapper: Any, wrapped: Any, assigned: Any = functools.WRAPPER_ASSIGNMENTS,
                        updated: Any = functools.WRAPPER_UPDATES) -> Any:
-        return _safe_update_wrapper(provenance, wrapper, wrapped, assigned, updated)
+        return _safe_update_wrapper(context, wrapper, wrapped, assigned, updated)
 
     def wraps(wrapped: Any, assigned: Any = functools.WRAPPER_ASSIGNMENTS,
               updated: Any = functools.WRAPPER_UPDATES) -> Callable[[Any], Any]:
@@ -376,7 +381,7 @@ _REPLACEMENTS: dict[str, Callable[[SandboxContext], Mapping[str, Any]]] = {
         **{name: _writing_to_argument(getattr(typing, name), context.guards)
            for name in ("final", "no_type_check", "runtime_checkable")}},
     "functools": lambda context: {
-        **_wrap_functions(context.provenance),
+        **_wrap_functions(context),
         "total_ordering": _writing_to_argument(functools.total_ordering, context.guards)},
     "copy": lambda context: copy_functions(context.admission),
     "operator": lambda context: {

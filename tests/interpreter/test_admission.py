@@ -912,3 +912,51 @@ def test_bases_whose_init_stores_stdlib_internals_are_refused(base):
     outcome = sandbox.execute("print(json.JSONDecoder().decode('[1]'), "
                               "json.JSONEncoder().encode([2]))")
     assert outcome.error is None and outcome.stdout == "[1] [2]\n", outcome
+
+
+# -- round 8 ------------------------------------------------------------------------------------
+
+def test_update_wrapper_admits_what_it_copies():
+    """``functools.update_wrapper`` copied ``wrapped.__dict__``'s public attributes onto the
+    cell's function as they were: ``json.JSONDecoder()`` put its C scanner (``scan_once``) and
+    the module's inner parser functions on it, objects admission refuses. What it copies is
+    admitted now, as the builtin ``setattr`` admits what it writes."""
+    sandbox = Sandbox()
+    outcome = sandbox.execute("""
+import functools, json
+def f():
+    pass
+try:
+    functools.update_wrapper(f, json.JSONDecoder())
+except TypeError as e:
+    print('refused')
+class Box:
+    pass
+b = Box()
+try:
+    functools.wraps(json.JSONDecoder())(b)
+except TypeError:
+    print('refused')
+def k(self):
+    return 1
+def m():
+    pass
+try:  # a cached_property holds an RLock under a public name; C code calls update_wrapper
+    list(map(functools.update_wrapper, [m], [functools.cached_property(k)]))
+except TypeError:
+    print('refused')
+def g():
+    pass
+g.tag = [1]
+@functools.wraps(g)
+def h():
+    pass
+print(h.tag, 'h')
+""")
+    assert outcome.error is None, outcome.error
+    assert outcome.stdout.splitlines() == ["refused", "refused", "refused", "[1] h"], outcome.stdout
+    admissible = sandbox.context.admission.admissible
+    for holder in (sandbox.namespace["f"], sandbox.namespace["b"], sandbox.namespace["m"]):
+        for name, value in vars(holder).items():
+            assert admissible(value), (name, value)
+    assert violations(sandbox) == []
