@@ -377,8 +377,8 @@ def test_hybrid_takes_the_draft_with_more_expected_tokens_per_second():
     prompt = [5, 6, 7, 8, 9, 10, 11, 12, 1, 2, 5, 6, 7, 8, 9, 10]  # ends in a long repeat
     state = drafter.begin(prompt)
     state.add_features(0, torch.randn(len(prompt) - 1, 3 * 32))
-    class Seq:  # the fields choose_drafts reads of a request
-        params, produced, computed, priority = SamplingParams(max_tokens=50), 0, len(prompt) - 1, 0
+    class Seq:  # the fields choose_drafts reads of a request (one token out: it may draft)
+        params, produced, computed, priority = SamplingParams(max_tokens=50), 1, len(prompt) - 1, 0
 
     seq = Seq()
     seq.state = state
