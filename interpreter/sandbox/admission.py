@@ -74,18 +74,20 @@ class AdmissionError(AgentrtError, TypeError):
 AdmissionError.__name__ = AdmissionError.__qualname__ = "TypeError"  # the name a cell's error shows
 
 
-class TypeView:
-    """A class the sandbox does not hand out, as ``type()`` and attribute reads show it: its
-    name, equality with the view of the same class, ``isinstance`` / ``issubclass`` checks;
-    nothing to call, instantiate or read."""
+class _ClassStandIn:
+    """What `TypeView` and `CheckedClass` share: a read-only stand-in for real class ``_cls``
+    that prints, compares and hashes as the class and answers ``isinstance`` / ``issubclass``
+    for it, and never leaves the sandbox."""
 
     __slots__ = ("_cls", "__weakref__")
+    _READ_ONLY = "a class of the sandbox is read-only"
+    _NO_EXPORT = "classes cannot leave the sandbox"
 
     def __init__(self, cls: type) -> None:
         object.__setattr__(self, "_cls", cls)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        raise TypeError("a class view is read-only")
+        raise TypeError(self._READ_ONLY)
 
     __delattr__ = __setattr__  # type: ignore[assignment]
 
@@ -93,7 +95,7 @@ class TypeView:
         return f"<class {self._cls.__qualname__!r}>"
 
     def __eq__(self, other: object) -> bool:
-        return type(other) is TypeView and other._cls is self._cls
+        return type(other) is type(self) and other._cls is self._cls  # type: ignore[attr-defined]
 
     def __hash__(self) -> int:
         return hash(self._cls)
@@ -105,47 +107,34 @@ class TypeView:
         return isinstance(cls, type) and issubclass(cls, self._cls)
 
     def __reduce_ex__(self, protocol: Any) -> Any:
-        raise TypeError("class views cannot leave the sandbox")
+        raise TypeError(self._NO_EXPORT)
 
 
-class CheckedClass:
+class TypeView(_ClassStandIn):
+    """A class the sandbox does not hand out, as ``type()`` and attribute reads show it: its
+    name, equality with the view of the same class, ``isinstance`` / ``issubclass`` checks;
+    nothing to call, instantiate or read."""
+
+    __slots__ = ()
+    _READ_ONLY = "a class view is read-only"
+    _NO_EXPORT = "class views cannot leave the sandbox"
+
+
+class CheckedClass(_ClassStandIn):
     """A class whose objects admission may refuse (``property``, ``classmethod``,
     ``enum.member``...: `CHECKED_CLASSES`) as the cell holds it: calling it builds the object
     and admits it, so an object admission refuses is never built for a cell, whoever calls the
     constructor (``map(property, [len])`` raises as ``property(len)`` does). ``isinstance`` and
     ``issubclass`` forward to the real class; there is nothing else to read."""
 
-    __slots__ = ("__weakref__", "_admit", "_cls")
+    __slots__ = ("_admit",)
 
     def __init__(self, cls: type, admit: Callable[[Any], Any]) -> None:
-        object.__setattr__(self, "_cls", cls)
+        super().__init__(cls)
         object.__setattr__(self, "_admit", admit)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._admit(self._cls(*args, **kwargs))
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise TypeError("a class of the sandbox is read-only")
-
-    __delattr__ = __setattr__  # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        return f"<class {self._cls.__qualname__!r}>"
-
-    def __eq__(self, other: object) -> bool:
-        return type(other) is CheckedClass and other._cls is self._cls
-
-    def __hash__(self) -> int:
-        return hash(self._cls)
-
-    def __instancecheck__(self, obj: Any) -> bool:
-        return isinstance(obj, self._cls)
-
-    def __subclasscheck__(self, cls: Any) -> bool:
-        return isinstance(cls, type) and issubclass(cls, self._cls)
-
-    def __reduce_ex__(self, protocol: Any) -> Any:
-        raise TypeError("classes cannot leave the sandbox")
 
 
 CHECKED_CLASSES: tuple[type, ...] = (
