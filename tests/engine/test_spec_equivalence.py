@@ -183,24 +183,30 @@ def test_bf16_greedy_drafted_equals_plain():
         plain.close()
 
 
-def test_int8_greedy_drafted_equals_plain():
-    """precision="int8": each row's logits are independent of the rows verified with it, so
-    greedy drafted output equals greedy plain output token for token, with no near-ties
-    to excuse (the int8 logits are not exact ones, but both runs compute the same ones)."""
-    plain = NativeEngine(dtype="bf16", drafter=None, max_seq_len=2048, precision="int8")
-    if plain.model.int8_head is None:
+def _drafted_equals_plain_in(precision: str, available, missing: str, prompts) -> None:
+    """Greedy drafted output equals greedy plain output in ``precision`` (skipped with
+    ``missing`` where ``available(plain model)`` says the model computes exactly instead)."""
+    plain = NativeEngine(dtype="bf16", drafter=None, max_seq_len=2048, precision=precision)
+    if not available(plain.model):
         plain.close()
-        pytest.skip("no AVX2 / C compiler here: int8 precision runs exactly")
+        pytest.skip(missing)
     engine = NativeEngine(dtype="bf16", drafter="suffix", draft_tokens=6,
-                          max_seq_len=2048, precision="int8")
+                          max_seq_len=2048, precision=precision)
     try:
-        prompts = PROMPTS[2::4]
         params = SamplingParams(max_tokens=24)
         assert run_all(engine, prompts, params) == run_all(plain, prompts, params)
         assert engine.metrics().accepted_tokens > 0, "nothing was accepted: the test proves nothing"
     finally:
         engine.close()
         plain.close()
+
+
+def test_int8_greedy_drafted_equals_plain():
+    """precision="int8": each row's logits are independent of the rows verified with it, so
+    greedy drafted output equals greedy plain output token for token, with no near-ties
+    to excuse (the int8 logits are not exact ones, but both runs compute the same ones)."""
+    _drafted_equals_plain_in("int8", lambda model: model.int8_head is not None,
+                             "no AVX2 / C compiler here: int8 precision runs exactly", PROMPTS[2::4])
 
 
 def test_bf16_precision_greedy_drafted_equals_plain():
@@ -208,20 +214,8 @@ def test_bf16_precision_greedy_drafted_equals_plain():
     activations, verify and decode steps (fewer rows) run the exact kernels: greedy drafted
     output equals greedy plain output token for token. (Under concurrency a step's size, and so
     its arithmetic, depends on the other requests: not asserted.)"""
-    plain = NativeEngine(dtype="bf16", drafter=None, max_seq_len=2048, precision="bf16")
-    if not plain.model.bf16_rows:
-        plain.close()
-        pytest.skip("no AVX512-BF16 here: bf16 precision runs exactly")
-    engine = NativeEngine(dtype="bf16", drafter="suffix", draft_tokens=6,
-                          max_seq_len=2048, precision="bf16")
-    try:
-        prompts = PROMPTS[3::4]
-        params = SamplingParams(max_tokens=24)
-        assert run_all(engine, prompts, params) == run_all(plain, prompts, params)
-        assert engine.metrics().accepted_tokens > 0, "nothing was accepted: the test proves nothing"
-    finally:
-        engine.close()
-        plain.close()
+    _drafted_equals_plain_in("bf16", lambda model: model.bf16_rows,
+                             "no AVX512-BF16 here: bf16 precision runs exactly", PROMPTS[3::4])
 
 
 @pytest.mark.slow
