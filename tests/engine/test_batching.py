@@ -15,25 +15,12 @@ from agentrt.engine.draft_policy import plan_draft_lengths
 from agentrt.engine.kv_cache import KVPool
 from agentrt.engine.llama import SeqRows, SequenceCache, Transformer
 from agentrt.engine.scheduler import common_prefix
+from chat_prompts import PROMPTS, RULES
 from per_op_forward import per_op_forward
 from random_models import qwen_like
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 pytestmark = pytest.mark.anyio
-
-PROMPTS = [[{"role": "user", "content": c}] for c in (
-    "Write a Python function that adds two numbers.",
-    "Name three colours of the rainbow.",
-    "Count from one to ten in words, separated by commas.",
-    "What is the capital of France?",
-    "Write a haiku about the sea.",
-    "List the first five prime numbers.",
-    "Explain what a variable is in one sentence.",
-    "Say hello in French and in Spanish.",
-)]
-RULES = "\n".join(f"Rule {i}: when the input mentions item {i}, answer with the code word "
-                  f"alpha-{i * 7 % 13} and nothing else." for i in range(40))
-
 
 
 @pytest.fixture(scope="module")

@@ -9,21 +9,12 @@ import asyncio
 import pytest
 
 from agentrt.engine import NativeConfig, NativeEngine, SamplingParams, complete, models
+from chat_prompts import PROMPTS, RULES
 
 pytestmark = pytest.mark.anyio
 
-RULES = "\n".join(f"Rule {i}: when the input mentions item {i}, answer with the code word "
-                  f"alpha-{i * 7 % 13} and nothing else." for i in range(40))
 LONG = [[{"role": "user", "content": f"Item {i}. {RULES}\nWhich code word goes with item {i}?"}]
         for i in (3, 5, 7)]
-SHORT = [[{"role": "user", "content": c}] for c in (
-    "Write a Python function that adds two numbers.",
-    "Name three colours of the rainbow.",
-    "Count from one to ten in words, separated by commas.",
-    "What is the capital of France?",
-    "Write a haiku about the sea.",
-    "List the first five prime numbers.",
-)]
 
 
 def _engine(budget: int | None, **options) -> NativeEngine:
@@ -52,7 +43,7 @@ async def test_the_budget_bounds_the_steps_that_decode():
     # cache: each prefills in full); with the budget every step that has decode rows runs at
     # most 48 rows, the prefill in chunks beside them; without it such steps run 512 rows
     params = SamplingParams(max_tokens=8)
-    prompts = [SHORT[0], *LONG]
+    prompts = [PROMPTS[0], *LONG]
     steps = {}
     outputs = {}
     for budget in (48, None):
@@ -78,7 +69,7 @@ async def test_batched_greedy_equals_solo_with_the_budget_on(drafter):
     # a budget of 16 rows: two ~1K-token prompts prefill a few tokens per step beside the
     # short ones that already decode (their drafts count too)
     params = SamplingParams(max_tokens=12)
-    prompts = [*SHORT[:6], *LONG[:2]]
+    prompts = [*PROMPTS[:6], *LONG[:2]]
     engine = NativeEngine(drafter=drafter, max_seq_len=2048, step_token_budget=16)
     try:
         solo = await _solo(engine, prompts, params)
