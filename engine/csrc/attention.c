@@ -120,6 +120,8 @@ static inline void prefetch_block(const kv_t *p, int64_t positions, int64_t D) {
         _mm_prefetch((const char *)p + off, _MM_HINT_T1);
 }
 
+#define EARLY_VALUES_BYTES (256 << 10)
+
 /* Keys and values walked one block (BS rows) at a time; every row of the task uses a block
    while it is in L1. */
 void attend_paged_task(const float *q, int64_t q_stride, const kv_t *k_pool, const kv_t *v_pool,
@@ -132,12 +134,19 @@ void attend_paged_task(const float *q, int64_t q_stride, const kv_t *k_pool, con
     float *s = (float *)malloc((size_t)(rows * G * ss) * sizeof(float));
     float *acc = (float *)calloc((size_t)(rows * G * D), sizeof(float));
     const int64_t end = start + r0 + rows;
+    /* values that fit in L2 (EARLY_VALUES_BYTES) are asked for block by block while the keys
+       are worked on, so that the values pass computes from L2 instead of waiting for memory a
+       second time; longer ones would be evicted before use, and only the first block is */
+    const int early = end * D * (int64_t)sizeof(kv_t) <= EARLY_VALUES_BYTES;
     for (int64_t t0 = 0; t0 < end; t0 += BS) {
         const kv_t *keys = k_pool + (sq->blocks[t0 / BS] * KV + kv) * BS * D;
+        if (early)
+            prefetch_block(v_pool + (sq->blocks[t0 / BS] * KV + kv) * BS * D,
+                           used_from(t0, end, BS), D);
         if (t0 + BS < end)
             prefetch_block(k_pool + (sq->blocks[t0 / BS + 1] * KV + kv) * BS * D,
                            used_from(t0 + BS, end, BS), D);
-        else  /* the values come next */
+        else if (!early)  /* the values come next */
             prefetch_block(v_pool + (sq->blocks[0] * KV + kv) * BS * D, used_from(0, end, BS), D);
         for (int64_t r = 0; r < rows; r++) {
             const int64_t len = start + r0 + r + 1 - t0;
