@@ -13,6 +13,8 @@ AVX2 and on AVX512F (the same bits), its bf16-activation twin on AVX512-BF16
 figure is ``2 M N K / seconds`` in GFLOP/s (the int8 kernel's integer operations counted the
 same way, its activation quantisation included); the best path per shape is the machine's
 measured peak there. Which instruction set MKL and oneDNN run is read from their verbose output.
+The header also gives the float32 FMA peak of a loop on registers (`benchmarks.fma_peak`): the
+ceiling of every float32 path, the exact kernels included.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from .fma_peak import fma_peak
 
 ROWS = (512, 2048, 8192)
 MATRICES = ("wqkv", "wo", "w_gate_up", "w_down")
@@ -190,7 +194,10 @@ def markdown(records: list[dict], isas: dict[str, str], header: dict) -> str:
     lines = [f"Matmul peak, {header['threads']} threads, best of {header['repeats']}, "
              f"load average {header['load_before']} -> {header['load_after']}",
              f"MKL: {isas['mkl']}; oneDNN: {isas['onednn']}; torch CPU capability: "
-             f"{isas['torch_cpu_capability']}", "",
+             f"{isas['torch_cpu_capability']}",
+             *(["float32 FMA peak (registers only, `benchmarks.fma_peak`; the exact path's "
+                "ceiling): " + ", ".join(f"{k} {v:.1f}" for k, v in header["fma_peak"].items())
+                + " GFLOP/s"] if header.get("fma_peak") else []), "",
              "| matrix | rows | " + " | ".join(names) + " | best |",
              "|---|---|" + "---|" * (len(names) + 1)]
     for r in records:
@@ -228,7 +235,8 @@ def main(argv: list[str] | None = None) -> int:
 
         model = Transformer.from_pretrained(models.ensure(args.model, "bf16"), precision="int8")
         shapes = model_shapes(model)
-    header = {"threads": args.threads, "repeats": args.repeats, "load_before": load_average()}
+    header = {"threads": args.threads, "repeats": args.repeats, "load_before": load_average(),
+              "fma_peak": fma_peak(args.threads)}
     isas = library_isas()
     try:
         with torch.inference_mode():
