@@ -26,52 +26,27 @@ SOURCE = r"""
 
 typedef struct { long rounds; int wide; float sink; } Work;
 
-static void *avx2_loop(Work *w) {
-    /* distinct starting values: equal chains would be computed once */
-    __m256 a0 = _mm256_set1_ps(w->sink), a1 = _mm256_set1_ps(w->sink + 1);
-    __m256 a2 = _mm256_set1_ps(w->sink + 2), a3 = _mm256_set1_ps(w->sink + 3);
-    __m256 a4 = _mm256_set1_ps(w->sink + 4), a5 = _mm256_set1_ps(w->sink + 5);
-    __m256 a6 = _mm256_set1_ps(w->sink + 6), a7 = _mm256_set1_ps(w->sink + 7);
-    __m256 a8 = _mm256_set1_ps(w->sink + 8), a9 = _mm256_set1_ps(w->sink + 9);
-    __m256 a10 = _mm256_set1_ps(w->sink + 10), a11 = _mm256_set1_ps(w->sink + 11);
-    const __m256 b = _mm256_set1_ps(0.999f), c = _mm256_set1_ps(1e-3f);
-    for (long i = 0; i < w->rounds; i++) {
-        a0 = _mm256_fmadd_ps(a0, b, c); a1 = _mm256_fmadd_ps(a1, b, c);
-        a2 = _mm256_fmadd_ps(a2, b, c); a3 = _mm256_fmadd_ps(a3, b, c);
-        a4 = _mm256_fmadd_ps(a4, b, c); a5 = _mm256_fmadd_ps(a5, b, c);
-        a6 = _mm256_fmadd_ps(a6, b, c); a7 = _mm256_fmadd_ps(a7, b, c);
-        a8 = _mm256_fmadd_ps(a8, b, c); a9 = _mm256_fmadd_ps(a9, b, c);
-        a10 = _mm256_fmadd_ps(a10, b, c); a11 = _mm256_fmadd_ps(a11, b, c);
+/* Twelve independent chains a = a * b + c of VEC registers, from distinct starting values
+   (equal chains would be computed once); their sum is kept so that none is optimised away. */
+#define DEFINE_LOOP(NAME, TARGET, VEC, SET1, FMA, ADD, FIRST)                           \
+    TARGET static void *NAME(Work *w) {                                                 \
+        VEC a[12];                                                                      \
+        for (int j = 0; j < 12; j++) a[j] = SET1(w->sink + j);                           \
+        const VEC b = SET1(0.999f), c = SET1(1e-3f);                                    \
+        for (long i = 0; i < w->rounds; i++) {                                          \
+            a[0] = FMA(a[0], b, c); a[1] = FMA(a[1], b, c); a[2] = FMA(a[2], b, c);      \
+            a[3] = FMA(a[3], b, c); a[4] = FMA(a[4], b, c); a[5] = FMA(a[5], b, c);      \
+            a[6] = FMA(a[6], b, c); a[7] = FMA(a[7], b, c); a[8] = FMA(a[8], b, c);      \
+            a[9] = FMA(a[9], b, c); a[10] = FMA(a[10], b, c); a[11] = FMA(a[11], b, c);  \
+        }                                                                               \
+        for (int j = 1; j < 12; j++) a[0] = ADD(a[0], a[j]);                            \
+        w->sink = FIRST(a[0]);                                                          \
+        return 0;                                                                       \
     }
-    __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
-                             _mm256_add_ps(_mm256_add_ps(a4, a5), _mm256_add_ps(a6, a7)));
-    s = _mm256_add_ps(s, _mm256_add_ps(_mm256_add_ps(a8, a9), _mm256_add_ps(a10, a11)));
-    w->sink = _mm256_cvtss_f32(s);
-    return 0;
-}
-
-__attribute__((target("avx512f"))) static void *avx512_loop(Work *w) {
-    __m512 a0 = _mm512_set1_ps(w->sink), a1 = _mm512_set1_ps(w->sink + 1);
-    __m512 a2 = _mm512_set1_ps(w->sink + 2), a3 = _mm512_set1_ps(w->sink + 3);
-    __m512 a4 = _mm512_set1_ps(w->sink + 4), a5 = _mm512_set1_ps(w->sink + 5);
-    __m512 a6 = _mm512_set1_ps(w->sink + 6), a7 = _mm512_set1_ps(w->sink + 7);
-    __m512 a8 = _mm512_set1_ps(w->sink + 8), a9 = _mm512_set1_ps(w->sink + 9);
-    __m512 a10 = _mm512_set1_ps(w->sink + 10), a11 = _mm512_set1_ps(w->sink + 11);
-    const __m512 b = _mm512_set1_ps(0.999f), c = _mm512_set1_ps(1e-3f);
-    for (long i = 0; i < w->rounds; i++) {
-        a0 = _mm512_fmadd_ps(a0, b, c); a1 = _mm512_fmadd_ps(a1, b, c);
-        a2 = _mm512_fmadd_ps(a2, b, c); a3 = _mm512_fmadd_ps(a3, b, c);
-        a4 = _mm512_fmadd_ps(a4, b, c); a5 = _mm512_fmadd_ps(a5, b, c);
-        a6 = _mm512_fmadd_ps(a6, b, c); a7 = _mm512_fmadd_ps(a7, b, c);
-        a8 = _mm512_fmadd_ps(a8, b, c); a9 = _mm512_fmadd_ps(a9, b, c);
-        a10 = _mm512_fmadd_ps(a10, b, c); a11 = _mm512_fmadd_ps(a11, b, c);
-    }
-    __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
-                             _mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7)));
-    s = _mm512_add_ps(s, _mm512_add_ps(_mm512_add_ps(a8, a9), _mm512_add_ps(a10, a11)));
-    w->sink = _mm512_reduce_add_ps(s);
-    return 0;
-}
+DEFINE_LOOP(avx2_loop, , __m256, _mm256_set1_ps, _mm256_fmadd_ps, _mm256_add_ps,
+            _mm256_cvtss_f32)
+DEFINE_LOOP(avx512_loop, __attribute__((target("avx512f"))), __m512, _mm512_set1_ps,
+            _mm512_fmadd_ps, _mm512_add_ps, _mm512_reduce_add_ps)
 
 static void *loop(void *arg) {
     Work *w = (Work *)arg;
