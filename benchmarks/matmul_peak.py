@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .engine.common import load_average
 from .fma_peak import fma_peak
 
 ROWS = (512, 2048, 8192)
@@ -205,10 +206,6 @@ def markdown(records: list[dict], isas: dict[str, str], header: dict) -> str:
                  if n in r["gflops"] else "-" for n in names]
         lines.append(f"| {r['matrix']} | {r['rows']} | " + " | ".join(cells) + f" | {r['best']} |")
     return "\n".join(lines)
-
-
-def load_average() -> str:
-    return " ".join(f"{v:.2f}" for v in os.getloadavg())
 
 
 def main(argv: list[str] | None = None) -> int:

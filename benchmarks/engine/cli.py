@@ -73,7 +73,8 @@ from . import prefill
 from .anchor import AnchorCheck
 from .catalogue import ALL_SYSTEMS, DEFAULT_ANCHOR_TOLERANCE, ENGINES, LOOKUP_SYSTEMS
 from .ceilings import lookup_ceilings
-from .common import PROMPT_SETS, RESULTS_DIR, VLLM_SYSTEMS, load_prompts, write_results
+from .common import (PROMPT_SETS, RESULTS_DIR, VLLM_SYSTEMS, load_average, load_prompts,
+                     write_results)
 from .plan import BenchSetupError, check_backends, describe, drop_missing_llamacpp, make_plan
 from .report import markdown
 from .runs import Run, run_isolated, run_one, schedule, worker
@@ -240,7 +241,7 @@ def run_prefill(args, argv: list[str], plan, path, prompts, sizes: list[int]) ->
     (the llama.cpp anchor around the passes), then the tables (`benchmarks.engine.prefill`)."""
     from agentrt.engine.llama import LlamaConfig
 
-    load_before = prefill_load()
+    load_before = load_average()
     peak = prefill.matmul_peak(args.threads)
     order = schedule(plan.systems, args.repeats)
     try:
@@ -254,7 +255,7 @@ def run_prefill(args, argv: list[str], plan, path, prompts, sizes: list[int]) ->
     meta = {"time": time.strftime("%Y-%m-%d %H:%M:%S"), "model": args.model, "dtype": args.dtype,
             "threads": torch.get_num_threads(), "systems": plan.systems, "lengths": sizes,
             "prefill_repeats": args.prefill_repeats, "repeats": args.repeats,
-            "load_before": load_before, "load_after": prefill_load(), "isas": peak["isas"],
+            "load_before": load_before, "load_after": load_average(), "isas": peak["isas"],
             "gemm_gflops": gflops, "anchor_tolerance": args.anchor_tolerance,
             "runs": [{"system": r.system, "pid": r.pid} for r in runs],
             "system_info": {r.system: r.info for r in runs if r.info}}
@@ -263,10 +264,6 @@ def run_prefill(args, argv: list[str], plan, path, prompts, sizes: list[int]) ->
     write_results({"meta": meta, "summary": summary, "peak": peak,
                    "rows": [asdict(row) for run in runs for row in run.rows]}, md, args.out)
     return 0
-
-
-def prefill_load() -> str:
-    return " ".join(f"{v:.2f}" for v in os.getloadavg())
 
 
 if __name__ == "__main__":

@@ -45,3 +45,8 @@ def child_env() -> dict[str, str]:
     that runs each system in a ``python -m benchmarks...`` process of its own."""
     path = os.pathsep.join(p for p in (str(BENCHMARKS.parent), os.environ.get("PYTHONPATH")) if p)
     return {**os.environ, "PYTHONPATH": path}
+
+
+def load_average() -> str:
+    """The 1-, 5- and 15-minute load averages, as a benchmark's header prints them."""
+    return " ".join(f"{v:.2f}" for v in os.getloadavg())

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from .catalogue import ANCHOR, AVX2_SYSTEMS, BF16_SYSTEMS, INT8_SYSTEMS
 from .common import BENCHMARKS, child_env
+from .report import system_info_lines
 
 CORPUS = ("docs/engine.md", "engine/llama.py", "engine/native.py", "engine/scheduler.py",
           "docs/architecture.md", "README.md")
@@ -168,9 +169,7 @@ def markdown(summary: dict, meta: dict) -> str:
         lines += ["GEMM peak at 512 rows (`benchmarks.matmul_peak`, one layer's matrices, "
                   "GFLOP/s): " + ", ".join(f"{k} {v:.1f}" for k, v in sorted(g.items())) + ".",
                   f"MKL: {meta['isas'].get('mkl')}; oneDNN: {meta['isas'].get('onednn')}.", ""]
-    for system, info in meta.get("system_info", {}).items():
-        if info:
-            lines.append(f"- `{system}`: " + "; ".join(f"{k}: {v}" for k, v in info.items()))
+    lines += system_info_lines(meta)
     lines += ["", ("| tokens | system | tok/s (median) | runs | x llama.cpp | GFLOP/s "
                    "(matmul + attention) | matmul share of its path's peak | of the machine's peak |"),
               "|---|---|---|---|---|---|---|---|"]

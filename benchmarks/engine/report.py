@@ -27,8 +27,7 @@ def markdown(summary: dict, meta: dict) -> str:
             f"{r['system']} ({r['decode_tok_s']:.1f} tok/s)" for r in meta["runs"]) + ".", ""]
     if meta.get("anchor"):
         lines += [f"Anchor: {meta['anchor']}.", ""]
-    lines += [f"- `{system}`: " + "; ".join(f"{k}: {v}" for k, v in info.items())
-              for system, info in meta.get("system_info", {}).items() if info]
+    lines += system_info_lines(meta)
     lines += [""] if meta.get("system_info") else []
     prefill_vs = ["prefill x llama.cpp"] if "llamacpp" in meta["systems"] else []
     header = ["system", "decode tok/s", *(title for _, title in bases), "tau", "accept",
@@ -84,3 +83,9 @@ def against_anchor(per: dict, meta: dict) -> list[str]:
              for system, e in per.items() if system != ANCHOR and "speedup_vs_llamacpp" in e]
     return ["Against llama.cpp (all prompts, every system alone in its process): "
             + "; ".join(parts) + ".", ""]
+
+
+def system_info_lines(meta: dict) -> list[str]:
+    """One line per system that said what it runs on (`Run.info`): its build and paths."""
+    return [f"- `{system}`: " + "; ".join(f"{k}: {v}" for k, v in info.items())
+            for system, info in meta.get("system_info", {}).items() if info]
