@@ -39,6 +39,9 @@ from .results import CellResult, ReplError, ReplProcessDied, VariableSummary
 from .service import ReplService, ToolHandler
 from .transport import ReplTransport
 
+RESTART_ATTEMPTS = 3
+"""Fresh jails tried, one after another, when the namespace dies while being restored."""
+
 
 def _check_variable_name(name: str) -> None:
     if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name) \
@@ -304,6 +307,7 @@ class Repl:
                 try:
                     result = await self._main.execute(code, name=name, commit=True)
                 except ReplProcessDied:  # the holder died just before the cell started
+                    await self._main.kill()  # (its connection may fail before it is seen dead)
                     await self._ensure_main()
             if self._unreported_restart is not None:
                 notice, self._unreported_restart = self._unreported_restart, None
@@ -418,13 +422,16 @@ class Repl:
         if main is not None and main.alive:
             return
         cause = main.death_cause if main is not None else "not started"
-        await self._stop_processes()
-        await self._start_root()
-        self._main = ReplSession(self._transport, await self._spawn_holder())
-        for hook in self._extensions:
-            await self._main.extend(hook)
-        for name, value in self._runtime_variables.items():
-            await self._main.set_variable(name, value)
+        for attempt in range(RESTART_ATTEMPTS):
+            await self._stop_processes()
+            try:
+                self._main = await self._restored_holder()
+                break
+            except ReplProcessDied as exc:  # killed again while being restored
+                if attempt == RESTART_ATTEMPTS - 1:
+                    raise ReplError(f"the sandbox namespace could not be restarted: it died "
+                                    f"{RESTART_ATTEMPTS} times while being restored ({exc})"
+                                    ) from exc
         self.restarts += 1
         notice = (f"the sandbox process holding the namespace died ({cause}) and was "
                   "restarted with an empty namespace: variables from earlier cells are gone")
@@ -432,6 +439,19 @@ class Repl:
             notice += ("; the runtime-provided variables were restored ("
                        + ", ".join(sorted(self._runtime_variables)) + ")")
         self._unreported_restart = notice
+
+    async def _restored_holder(self) -> ReplSession:
+        """A fresh jail's namespace with the extensions and runtime variables restored.
+
+        It is published (``self._main``) only once restored, so no shadow can fork it before:
+        a fork taken meanwhile fails on the dead holder instead."""
+        await self._start_root()
+        holder = ReplSession(self._transport, await self._spawn_holder())
+        for hook in self._extensions:
+            await holder.extend(hook)
+        for name, value in self._runtime_variables.items():
+            await holder.set_variable(name, value)
+        return holder
 
     async def _stop_processes(self) -> None:
         """Kill every worker process and reap the root."""

@@ -21,7 +21,7 @@ import pytest
 
 from agentrt import Agent, ReplayEngine, tool
 from benchmarks.hostile_workers import HOOK as BREACH_MODULE
-from agentrt.interpreter import Repl, ReplLimits
+from agentrt.interpreter import Repl, ReplError, ReplLimits
 from agentrt.interpreter.repl import service
 
 pytestmark = pytest.mark.anyio
@@ -352,3 +352,31 @@ def test_a_shared_reference_launch_costs_the_host_no_cpu(breach_hook, monkeypatc
     cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
     assert result.answer == 2
     assert cpu < 1.5, cpu
+
+
+async def test_a_shadow_cannot_reach_a_namespace_still_being_restored(breach_hook):
+    """Shadows forked without waiting, over and over, each killing every jail process: a
+    restart in progress is never handed to a shadow (one used to kill the new holder while
+    its variables were being restored, and ``execute`` raised instead of reporting it)."""
+    attack = source("import os, signal\nif os.fork() == 0:\n    os.kill(-1, signal.SIGKILL)\n"
+                    "    os._exit(0)")
+    async with breached_repl() as repl:
+        for index in range(4):  # restoring these takes a while
+            await repl.set_variable(f"context_{index}", "x" * 2_000_000)
+        done = anyio.Event()
+
+        async def attack_forever() -> None:
+            while not done.is_set():
+                try:
+                    shadow = await repl.fork_shadow()
+                    await shadow.execute(attack)
+                except ReplError:
+                    await anyio.sleep(0.001)
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(attack_forever)
+            for _ in range(6):
+                result = await repl.execute("y = 1")
+                assert result.error is None or "ReplRestarted" in result.error, result
+            done.set()
+        assert repl.restarts >= 1
