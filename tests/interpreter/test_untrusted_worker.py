@@ -330,12 +330,15 @@ def test_a_malformed_launch_from_a_shadow_ends_only_that_shadow(breach_hook, mon
     assert result.answer == 2, (result.status, result.error, [t.error for t in result.turns])
 
 
+KILL_EVERY_JAIL_PROCESS = ("import os, signal\nif os.fork() == 0:\n"
+                           "    os.kill(-1, signal.SIGKILL)\n    os._exit(0)")
+"""A grandchild that kills every process of the jail it can reach."""
+
+
 def test_killing_every_jail_process_from_a_shadow_does_not_end_the_run(breach_hook, monkeypatch):
     """A grandchild of a shadow kills every process of the jail it can: the cells see the
     namespace restarted (as often as the code does it again), and the run goes on."""
-    attack = ("import os, signal\nif os.fork() == 0:\n    os.kill(-1, signal.SIGKILL)\n"
-              "    os._exit(0)")
-    result = run_agent(source(attack) + "\nn = lookup(1)", monkeypatch)
+    result = run_agent(source(KILL_EVERY_JAIL_PROCESS) + "\nn = lookup(1)", monkeypatch)
     assert result.status in ("final", "max_turns") and result.error is None, result
     assert all(turn.error is None or "ReplRestarted" in turn.error for turn in result.turns)
 
@@ -358,8 +361,7 @@ async def test_a_shadow_cannot_reach_a_namespace_still_being_restored(breach_hoo
     """Shadows forked without waiting, over and over, each killing every jail process: a
     restart in progress is never handed to a shadow (one used to kill the new holder while
     its variables were being restored, and ``execute`` raised instead of reporting it)."""
-    attack = source("import os, signal\nif os.fork() == 0:\n    os.kill(-1, signal.SIGKILL)\n"
-                    "    os._exit(0)")
+    attack = source(KILL_EVERY_JAIL_PROCESS)
     async with breached_repl() as repl:
         for index in range(4):  # restoring these takes a while
             await repl.set_variable(f"context_{index}", "x" * 2_000_000)
