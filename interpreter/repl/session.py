@@ -232,8 +232,7 @@ class Repl:
                 messages=self._messages))
             self._transport = ReplTransport(self._table, self.limits,
                                             self._tmpdir / "worker.log")
-            await self._start_root(warm)
-            self._main = ReplSession(self._transport, await self._spawn_holder())
+            self._main = await self._restored_holder(warm)
         except BaseException:
             await self.aclose()
             raise
@@ -440,12 +439,13 @@ class Repl:
                        + ", ".join(sorted(self._runtime_variables)) + ")")
         self._unreported_restart = notice
 
-    async def _restored_holder(self) -> ReplSession:
-        """A fresh jail's namespace with the extensions and runtime variables restored.
+    async def _restored_holder(self, warm: StartedWorker | None = None) -> ReplSession:
+        """A fresh jail's namespace (root ``warm`` from the pool, if given) with the extensions
+        and runtime variables restored (none at start).
 
         It is published (``self._main``) only once restored, so no shadow can fork it before:
         a fork taken meanwhile fails on the dead holder instead."""
-        await self._start_root()
+        await self._start_root(warm)
         holder = ReplSession(self._transport, await self._spawn_holder())
         for hook in self._extensions:
             await holder.extend(hook)
